@@ -1,0 +1,61 @@
+"""``[game]``: the rules of a p-beauty contest, validated once."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+def parse_ratio(value: object) -> Fraction:
+    """``"2/3"``, ``"0.5"``, ``0.51`` or ``2`` to an exact fraction; ValueError otherwise."""
+    if isinstance(value, bool):
+        raise ValueError("a fraction string such as \"2/3\" or a number is allowed")
+    if isinstance(value, int | float):
+        return Fraction(str(value))
+    if isinstance(value, str):
+        try:
+            return Fraction(value.strip())
+        except (ValueError, ZeroDivisionError):
+            pass
+    raise ValueError("a fraction string such as \"2/3\" or a number is allowed")
+
+
+class GameConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["beauty_contest"] = "beauty_contest"
+    ratio: str = "2/3"
+    offset: float = 0.0
+    low: float = 0.0
+    high: float = 100.0
+    rounds: int = Field(3, ge=1)
+    group_size: int = Field(0, ge=0)
+    prompt: Literal["basic", "cot"] = "basic"
+    disclose_variant: bool = False
+
+    @field_validator("ratio", mode="before")
+    @classmethod
+    def _ratio_text(cls, value: object) -> str:
+        parse_ratio(value)
+        if isinstance(value, float | int):
+            return str(value)
+        return str(value).strip()
+
+    @field_validator("ratio")
+    @classmethod
+    def _ratio_positive(cls, value: str) -> str:
+        if parse_ratio(value) <= 0:
+            raise ValueError("the ratio must be > 0")
+        return value
+
+    @model_validator(mode="after")
+    def _range(self) -> "GameConfig":
+        if self.low >= self.high:
+            raise ValueError(f"game.low ({self.low:g}) must be below game.high ({self.high:g})")
+        return self
+
+    @property
+    def ratio_value(self) -> float:
+        return float(parse_ratio(self.ratio))

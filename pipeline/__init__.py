@@ -1,0 +1,41 @@
+"""simpipe: very large LLM multi-agent simulations as a Dask batch pipeline.
+
+The notebook API mirrors the CLI::
+
+    import simpipe
+    config = simpipe.load_config("examples/quickstart.toml", ["game.rounds=5"])
+    result = simpipe.run_simulation(config)
+    result.summary            # one row per (round, group)
+    result.rounds()           # one row per agent per round
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__version__ = "0.1.0"
+
+# Resolved on first use so `import simpipe` (and `simpipe validate`) stays light.
+_EXPORTS = {
+    "Config": "simpipe.config",
+    "ConfigError": "simpipe.config",
+    "load_config": "simpipe.config",
+    "config_from_dict": "simpipe.config",
+    "run_simulation": "simpipe.runner",
+    "RunResult": "simpipe.runner",
+    "read_summary": "simpipe.results",
+    "read_rounds": "simpipe.results",
+    "read_population": "simpipe.results",
+    "read_ledger": "simpipe.results",
+}
+
+__all__ = [*_EXPORTS, "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'simpipe' has no attribute {name!r}")
+    import importlib  # noqa: PLC0415
+
+    return getattr(importlib.import_module(module), name)

@@ -1,0 +1,75 @@
+"""How a partition of agents decides: the interface between the round loop and agents.
+
+A policy answers for a whole partition at once (vectorised for scripted agents, batched
+requests for LLM agents) and returns one decision row per agent.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from simpipe.games.config import GameConfig
+
+DECISION_COLUMNS = ("guess", "status", "raw", "tokens_in", "tokens_out", "latency_s", "error")
+
+
+@dataclass(frozen=True)
+class Turn:
+    """What a partition's agents know when they decide."""
+
+    game: GameConfig
+    seed: int
+    round_index: int
+    partition: int
+    # (agents, rounds so far): the winning number announced to each agent's group
+    past_winning: np.ndarray
+    # (agents, rounds so far): each agent's own earlier guesses, NaN where invalid;
+    # None when the policy does not ask for them (reading them costs a file per round)
+    past_guesses: np.ndarray | None = None
+
+    def rng(self, stream: int) -> np.random.Generator:
+        """A generator that depends only on (seed, stream, round, partition)."""
+        return np.random.default_rng([self.seed, stream, self.round_index, self.partition])
+
+
+class AgentPolicy(abc.ABC):
+    #: Whether ``Turn.past_guesses`` must be filled in (LLM agents remember their answers).
+    needs_own_history: bool = False
+
+    @abc.abstractmethod
+    def decide(self, agents: pd.DataFrame, turn: Turn) -> pd.DataFrame:
+        """One row per agent (same order as ``agents``) with DECISION_COLUMNS."""
+
+    def counters(self) -> dict[str, dict]:
+        """Per-endpoint counters since this policy was created (empty without endpoints)."""
+        return {}
+
+
+def decisions_frame(
+    guess: np.ndarray,
+    status: np.ndarray | list[str],
+    *,
+    raw: list[str | None] | None = None,
+    tokens_in: np.ndarray | None = None,
+    tokens_out: np.ndarray | None = None,
+    latency_s: np.ndarray | None = None,
+    error: list[str | None] | None = None,
+) -> pd.DataFrame:
+    """Build the decision frame with the result schema's column types."""
+    n = len(guess)
+    none = pd.array([None] * n, dtype="string") if (raw is None or error is None) else None
+    return pd.DataFrame(
+        {
+            "guess": np.asarray(guess, dtype=np.float64),
+            "status": pd.Categorical(status, categories=("ok", "unparsed", "out_of_range", "error")),
+            "raw": pd.array(raw, dtype="string") if raw is not None else none,
+            "tokens_in": np.zeros(n, np.int32) if tokens_in is None else tokens_in.astype(np.int32),
+            "tokens_out": np.zeros(n, np.int32) if tokens_out is None else tokens_out.astype(np.int32),
+            "latency_s": np.zeros(n) if latency_s is None else np.asarray(latency_s, np.float64),
+            "error": pd.array(error, dtype="string") if error is not None else none,
+        }
+    )

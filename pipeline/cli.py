@@ -1,0 +1,156 @@
+"""The ``simpipe`` command: a thin layer over the Python API.
+
+Config and run-directory problems exit with status 2 and one line per problem; nothing
+here prints a traceback for a mistake the user can fix.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from simpipe.config import Config, ConfigError, load_config
+
+EXIT_USAGE = 2
+
+
+def _load(config_path: str, overrides: tuple[str, ...]) -> Config:
+    try:
+        return load_config(config_path, list(overrides))
+    except ConfigError as exc:
+        _fail(str(exc))
+
+
+def _fail(message: str) -> None:
+    for line in message.splitlines():
+        click.echo(f"error: {line}", err=True)
+    sys.exit(EXIT_USAGE)
+
+
+set_option = click.option(
+    "--set", "overrides", multiple=True, metavar="KEY=VALUE",
+    help="Override a config key, e.g. --set game.rounds=5 (repeatable).",
+)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="simpipe")
+def main() -> None:
+    """Very large LLM multi-agent simulations as a Dask batch pipeline."""
+
+
+@main.command()
+@click.argument("config_path", metavar="CONFIG", type=click.Path(dir_okay=False))
+@click.option("--resume", is_flag=True, help="Continue an interrupted run with the same config.")
+@click.option("--force", is_flag=True, help="Replace an existing run directory.")
+@set_option
+def run(config_path: str, resume: bool, force: bool, overrides: tuple[str, ...]) -> None:
+    """Run the simulation described by CONFIG."""
+    from simpipe.cluster.connect import ClusterError  # noqa: PLC0415 - keep startup light
+    from simpipe.ledger import RunDirError  # noqa: PLC0415
+    from simpipe.runner import RunCancelled, run_simulation  # noqa: PLC0415
+
+    config = _load(config_path, overrides)
+    if resume and force:
+        _fail("--resume and --force contradict each other: pick one")
+    try:
+        result = run_simulation(config, resume=resume, force=force)
+    except (RunDirError, ClusterError) as exc:
+        _fail(str(exc))
+    except RunCancelled:
+        sys.exit(3)
+    click.echo(f"results: {result.run_dir}  ({result.wall_s:.1f} s)")
+
+
+@main.command()
+@click.argument("config_path", metavar="CONFIG", type=click.Path(dir_okay=False))
+@set_option
+def validate(config_path: str, overrides: tuple[str, ...]) -> None:
+    """Check CONFIG and print the resolved settings."""
+    config = _load(config_path, overrides)
+    click.echo(f"ok: {config_path}  (results hash {config.results_hash()}, "
+               f"{config.population.size:,} agents in {config.population.n_partitions} partitions, "
+               f"{config.game.rounds} rounds, backend {config.agents.backend})")
+
+
+@main.group()
+def population() -> None:
+    """Build and inspect populations."""
+
+
+@population.command("build")
+@click.argument("config_path", metavar="CONFIG", type=click.Path(dir_okay=False))
+@set_option
+def population_build(config_path: str, overrides: tuple[str, ...]) -> None:
+    """Sample the population of CONFIG into <output_dir>/<name>/population/."""
+    import time  # noqa: PLC0415
+
+    from simpipe.cluster.connect import make_client  # noqa: PLC0415
+    from simpipe.console import Console  # noqa: PLC0415
+    from simpipe.layout import RunPaths  # noqa: PLC0415
+    from simpipe.population import ensure_population  # noqa: PLC0415
+
+    config = _load(config_path, overrides)
+    console = Console()
+    start = time.perf_counter()
+    with make_client(config.cluster) as client:
+        bar = console.progress(config.population.n_partitions, "population")
+        out = ensure_population(client, config, RunPaths(config.run_dir),
+                                on_progress=lambda done, n: bar.update(1))
+        bar.close()
+    click.echo(f"population: {out}  ({config.population.size:,} agents, "
+               f"{time.perf_counter() - start:.1f} s)")
+
+
+@main.command()
+@click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
+def show(run_dir: str) -> None:
+    """Print the summary of RUN_DIR, one line per round (and group)."""
+    from simpipe.layout import RunPaths  # noqa: PLC0415
+    from simpipe.results import read_ledger, read_summary  # noqa: PLC0415
+
+    paths = RunPaths(Path(run_dir))
+    if not paths.ledger.exists():
+        _fail(f"{run_dir}: not a simpipe run directory (no run.json)")
+    ledger = read_ledger(run_dir)
+    click.echo(f"run {ledger['name']}: {ledger['state']}, "
+               f"{len([r for r in ledger['rounds'].values() if r.get('complete')])}/"
+               f"{ledger['rounds_total']} rounds, {ledger['n_agents']:,} agents")
+    if not paths.summary.exists():
+        click.echo("(no round finished yet)")
+        return
+    import pandas as pd  # noqa: PLC0415
+
+    summary = read_summary(run_dir)
+    with pd.option_context("display.width", 200, "display.max_columns", 20,
+                           "display.max_rows", 60):
+        click.echo(summary.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+
+
+@main.group()
+def bench() -> None:
+    """Benchmarks: each prints one table and exits."""
+
+
+@bench.command("scale")
+@click.option("--agents", default="1000000", show_default=True,
+              help="Agents per case; a comma list runs several cases, e.g. 10000,100000,1000000.")
+@click.option("--latency", default=0.0, show_default=True, help="Seconds each agent awaits.")
+@click.option("--rounds", default=1, show_default=True)
+@click.option("--partitions", default=0, help="Partitions per case (0: about 62,500 agents each).")
+@click.option("--workers", default=2, show_default=True)
+@click.option("--threads", default=1, show_default=True, help="Threads per worker.")
+@click.option("--raw/--no-raw", default=True, show_default=True,
+              help="Also time the agents without Dask, in this process.")
+def bench_scale(agents: str, latency: float, rounds: int, partitions: int, workers: int,
+                threads: int, raw: bool) -> None:
+    """Scripted agents through the whole pipeline: wall time, agents/s, peak memory."""
+    from simpipe.bench_scale import ScaleCase, format_table, run_case  # noqa: PLC0415
+
+    rows = []
+    for n in (int(a.replace("_", "")) for a in agents.split(",")):
+        parts = partitions or max(2, round(n / 62_500))
+        rows += run_case(ScaleCase(n, rounds, latency, min(parts, n), workers, threads), raw=raw)
+    click.echo(format_table(rows))

@@ -1,0 +1,190 @@
+"""The whole config: TOML read once, ``--set`` overrides applied, every section validated.
+
+Each domain package owns its section (``[game]`` in ``simpipe.games``, ``[population]`` in
+``simpipe.personas``, ``[cluster]`` in ``simpipe.cluster``); this module composes them and
+turns validation failures into one line per problem naming the key, the bad value and
+what is allowed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from simpipe.cluster.config import ClusterConfig
+from simpipe.games.config import GameConfig
+from simpipe.inference.settings import (
+    LlamaCppSettings,
+    OpenAISettings,
+    SamplingSettings,
+    TgiSettings,
+)
+from simpipe.personas.config import CategoricalAttribute, PopulationConfig
+
+
+class ConfigError(ValueError):
+    """A config problem; ``str(err)`` is ready to print (one line per problem)."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class RunSection(_Section):
+    name: str = "simpipe-run"
+    seed: int = 42
+    output_dir: str = "results"
+
+    @field_validator("name")
+    @classmethod
+    def _safe_name(cls, name: str) -> str:
+        # The name becomes a directory: no separators, no "..", nothing hidden.
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", name):
+            raise ValueError("use letters, digits, '.', '_' or '-' (not starting with '.' or '-')")
+        return name
+
+
+class ScriptedSettings(_Section):
+    """Rule-based agents (cognitive hierarchy); no LLM."""
+
+    tau: float = Field(1.5, ge=0)
+    noise: float = Field(0.25, ge=0)
+    latency_s: float = Field(0.0, ge=0)
+    # attribute -> label -> added to this agent's mean reasoning depth
+    depth_shift: dict[str, dict[str, float]] = Field(default_factory=dict)
+
+
+class AgentsConfig(SamplingSettings):
+    backend: Literal["scripted", "llamacpp", "tgi", "openai"] = "scripted"
+    scripted: ScriptedSettings = ScriptedSettings()
+    llamacpp: LlamaCppSettings = LlamaCppSettings()
+    tgi: TgiSettings = TgiSettings()
+    openai: OpenAISettings = OpenAISettings()
+
+
+class Config(_Section):
+    run: RunSection = RunSection()
+    population: PopulationConfig = PopulationConfig()
+    game: GameConfig = GameConfig()
+    agents: AgentsConfig = AgentsConfig()
+    cluster: ClusterConfig = ClusterConfig()
+
+    @model_validator(mode="after")
+    def _depth_shift_names(self) -> "Config":
+        attrs = self.population.attributes
+        for attr, shifts in self.agents.scripted.depth_shift.items():
+            if attr not in attrs:
+                raise ValueError(
+                    f"agents.scripted.depth_shift.{attr}: no such attribute; "
+                    f"population.attributes has {sorted(attrs) or 'none'}"
+                )
+            spec = attrs[attr]
+            if isinstance(spec, CategoricalAttribute):
+                unknown = sorted(set(shifts) - set(spec.values))
+                if unknown:
+                    raise ValueError(
+                        f"agents.scripted.depth_shift.{attr}: unknown labels {unknown}; "
+                        f"allowed: {sorted(spec.values)}"
+                    )
+        return self
+
+    def results_hash(self) -> str:
+        """Hash of everything that decides the results (not where or on what they run)."""
+        data = self.model_dump(mode="json", exclude={"cluster": True, "run": {"output_dir"}})
+        return _digest(data)
+
+    def population_hash(self) -> str:
+        """Hash of what decides the population: its spec and the seed."""
+        return _digest({"seed": self.run.seed, "population": self.population.model_dump(mode="json")})
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.run.output_dir) / self.run.name
+
+
+def _digest(data: Any) -> str:
+    text = json.dumps(data, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+# --- reading --------------------------------------------------------------------------------
+
+
+def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Read a TOML config, apply ``key=value`` overrides, validate. Raises ConfigError."""
+    path = Path(path)
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such config file") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    for item in overrides:
+        apply_override(raw, item)
+    return config_from_dict(raw, source=str(path))
+
+
+def config_from_dict(raw: dict, source: str = "config") -> Config:
+    try:
+        return Config.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError("\n".join(f"{source}: {line}" for line in _error_lines(exc, raw))) from None
+
+
+def apply_override(raw: dict, item: str) -> None:
+    """``game.rounds=5`` into the nested dict; values are TOML (bare words are strings)."""
+    key, sep, text = item.partition("=")
+    key = key.strip()
+    if not sep or not key or any(not part for part in key.split(".")):
+        raise ConfigError(f"--set {item!r}: expected key=value, e.g. --set game.rounds=5")
+    try:
+        value = tomllib.loads(f"v = {text.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = text.strip()
+    node = raw
+    parts = key.split(".")
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"--set {item!r}: {part!r} is a value, not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def _error_lines(exc: ValidationError, raw: dict) -> list[str]:
+    lines = []
+    for err in exc.errors(include_url=False):
+        loc = [str(p) for p in err["loc"] if not str(p).startswith(("function-", "tagged-union"))]
+        # Pydantic names union members in the location; they mean nothing to a user.
+        loc = [p for p in loc if p not in ("CategoricalAttribute", "IntegerAttribute")]
+        key = ".".join(loc) or "(top level)"
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            section = _model_at(loc[:-1])
+            allowed = ", ".join(section.model_fields) if section else "see the README"
+            lines.append(f"unknown key {key!r}; allowed here: {allowed}")
+        elif err["type"] == "missing":
+            lines.append(f"{key}: missing; {msg.lower()}")
+        elif "input" in err and not isinstance(err["input"], dict):
+            lines.append(f"{key} = {err['input']!r}: {msg}")
+        else:
+            lines.append(f"{key}: {msg}")
+    return lines
+
+
+def _model_at(loc: list[str]) -> type[BaseModel] | None:
+    model: type[BaseModel] = Config
+    for part in loc:
+        field = model.model_fields.get(part)
+        if field is None or not isinstance(field.annotation, type):
+            return None
+        if not issubclass(field.annotation, BaseModel):
+            return None
+        model = field.annotation
+    return model

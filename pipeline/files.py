@@ -1,0 +1,53 @@
+"""Atomic file writes: a reader never sees a half-written Parquet or JSON file.
+
+Temporary files are hidden (leading dot) in the target's own directory, so Parquet dataset
+readers skip them and ``os.replace`` stays on one filesystem.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+TEMP_SUFFIX = ".tmp"
+
+
+def _temp_for(path: Path) -> Path:
+    return path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}{TEMP_SUFFIX}")
+
+
+def write_parquet_atomic(frame: pd.DataFrame | pa.Table, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    table = frame if isinstance(frame, pa.Table) else pa.Table.from_pandas(frame, preserve_index=False)
+    tmp = _temp_for(path)
+    try:
+        pq.write_table(table, tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_json_atomic(data: Any, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _temp_for(path)
+    try:
+        tmp.write_text(json.dumps(data, indent=2, sort_keys=False, default=str), encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def remove_stale_temps(root: Path) -> int:
+    """Delete temp files a killed run left behind; returns how many."""
+    n = 0
+    for tmp in root.rglob(f".*{TEMP_SUFFIX}"):
+        tmp.unlink(missing_ok=True)
+        n += 1
+    return n

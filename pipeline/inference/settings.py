@@ -1,0 +1,59 @@
+"""Config sections of the LLM back-ends: ``[agents.llamacpp]``, ``[agents.tgi]``,
+``[agents.openai]``. Parsed once by ``simpipe.config``; nothing here reads files."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class LlamaCppSettings(_Section):
+    """The embedded llama.cpp engine (xllamacpp), loaded once per worker process."""
+
+    model_path: str | None = None  # None: the default Gemma 3 270M from its PyPI package
+    n_parallel: int = Field(32, ge=1, le=512)  # llama.cpp slots: sequences decoded together
+    n_ctx: int = Field(0, ge=0)  # 0: n_parallel * 512 tokens
+    threads: int = Field(0, ge=0)  # 0: the worker's thread budget (all cores if unknown)
+    prompt_style: Literal["completion", "chat"] = "completion"
+
+
+class HttpSettings(_Section):
+    """What the TGI and OpenAI-compatible back-ends share: endpoints and load control."""
+
+    endpoints: list[str] = Field(default_factory=list)
+    max_concurrency: int = Field(64, ge=1)  # in-flight requests per endpoint per worker process
+    timeout_s: float = Field(120.0, gt=0)
+    retries: int = Field(4, ge=0)  # after the first attempt
+    backoff_s: float = Field(0.5, ge=0)  # first back-off; doubles each retry, with jitter
+    backoff_max_s: float = Field(20.0, ge=0)
+
+
+class TgiSettings(HttpSettings):
+    """text-generation-inference servers, ``POST /generate``."""
+
+    endpoints: list[str] = Field(default_factory=lambda: ["http://127.0.0.1:8080"])
+
+
+class OpenAISettings(HttpSettings):
+    """Any OpenAI-compatible server (vLLM, SGLang, llama.cpp server, TGI Messages API)."""
+
+    endpoints: list[str] = Field(default_factory=lambda: ["http://127.0.0.1:8000"])
+    model: str = "default"
+    api: Literal["completions", "chat"] = "completions"
+    # How the server takes an output constraint: vLLM: "guided_regex"/"structured_outputs";
+    # llama.cpp server: "grammar" (GBNF) or "json_schema"; "none": parser only.
+    constraint: Literal["auto", "grammar", "json_schema", "guided_regex", "none"] = "auto"
+
+
+class SamplingSettings(_Section):
+    """Sampling shared by every LLM back-end (under ``[agents]``)."""
+
+    temperature: float = Field(1.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    max_tokens: int = Field(8, ge=1)  # for prompt = "basic"; CoT gets cot_max_tokens
+    cot_max_tokens: int = Field(256, ge=1)

@@ -1,0 +1,55 @@
+"""Where a run's files live (DESIGN.md "Data model"); the only place paths are spelled."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+PART_DIGITS = 5  # part-00003.parquet: lexical order is partition order
+
+
+def part_name(partition: int) -> str:
+    return f"part-{partition:0{PART_DIGITS}d}.parquet"
+
+
+@dataclass(frozen=True)
+class RunPaths:
+    root: Path
+
+    @property
+    def population(self) -> Path:
+        return self.root / "population"
+
+    @property
+    def rounds(self) -> Path:
+        return self.root / "rounds"
+
+    @property
+    def summary(self) -> Path:
+        return self.root / "summary.parquet"
+
+    @property
+    def ledger(self) -> Path:
+        return self.root / "run.json"
+
+    @property
+    def log(self) -> Path:
+        return self.root / "run.log"
+
+    @property
+    def cancel_flag(self) -> Path:
+        return self.root / "CANCEL"
+
+    def round_dir(self, round_index: int) -> Path:
+        return self.rounds / f"round={round_index}"
+
+    def round_part(self, round_index: int, partition: int) -> Path:
+        return self.round_dir(round_index) / part_name(partition)
+
+    def population_part(self, partition: int) -> Path:
+        return self.population / part_name(partition)
+
+
+def population_cache(output_dir: Path, population_hash: str) -> Path:
+    """Shared builds, one per population spec hash; runs link their population here."""
+    return output_dir / ".populations" / population_hash

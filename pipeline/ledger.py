@@ -1,0 +1,140 @@
+"""``run.json``: the resolved config, versions, timings and the resume ledger.
+
+Only the client writes it. A round counts as complete when its summary rows are in
+``summary.parquet`` and the ledger says so; a partition counts as complete when its Parquet
+file exists (files are written atomically, so existence is the completion marker).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from datetime import UTC, datetime
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from simpipe.config import Config
+from simpipe.files import write_json_atomic
+from simpipe.layout import RunPaths
+
+
+class RunDirError(ValueError):
+    """The results directory cannot be used as asked; the message names the fix."""
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+def package_versions() -> dict[str, str]:
+    names = ["simpipe", "dask", "distributed", "pandas", "pyarrow", "numpy", "xllamacpp"]
+    out = {}
+    for name in names:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return out
+
+
+class Ledger:
+    """A thin, always-saved view of ``run.json``."""
+
+    def __init__(self, paths: RunPaths, data: dict[str, Any]) -> None:
+        self.paths = paths
+        self.data = data
+        self._last_progress_save = 0.0
+
+    @classmethod
+    def new(cls, paths: RunPaths, config: Config) -> "Ledger":
+        data = {
+            "name": config.run.name,
+            "config_hash": config.results_hash(),
+            "population_hash": config.population_hash(),
+            "config": config.model_dump(mode="json"),
+            "versions": package_versions(),
+            "state": "created",
+            "created_at": _now(),
+            "updated_at": _now(),
+            "rounds_total": config.game.rounds,
+            "n_agents": config.population.size,
+            "n_partitions": config.population.n_partitions,
+            "rounds": {},
+            "progress": None,
+            "timings": {},
+            "endpoints": {},
+        }
+        ledger = cls(paths, data)
+        ledger.save()
+        return ledger
+
+    @classmethod
+    def load(cls, paths: RunPaths) -> "Ledger":
+        return cls(paths, json.loads(paths.ledger.read_text(encoding="utf-8")))
+
+    def save(self) -> None:
+        self.data["updated_at"] = _now()
+        write_json_atomic(self.data, self.paths.ledger)
+
+    # --- state -----------------------------------------------------------------------------
+
+    def set_state(self, state: str, **extra: Any) -> None:
+        self.data["state"] = state
+        self.data.update(extra)
+        self.save()
+
+    def completed_rounds(self) -> list[int]:
+        return sorted(int(r) for r, rec in self.data["rounds"].items() if rec.get("complete"))
+
+    def record_progress(self, round_index: int, done: int, total: int, agents_done: int,
+                        elapsed_s: float, force: bool = False) -> None:
+        """Live progress for watchers (the UI); saved at most twice a second."""
+        self.data["progress"] = {
+            "round": round_index, "partitions_done": done, "partitions_total": total,
+            "agents_done": agents_done, "elapsed_s": round(elapsed_s, 3),
+            "agents_per_s": round(agents_done / elapsed_s, 1) if elapsed_s > 0 else None,
+        }
+        now = time.monotonic()
+        if force or now - self._last_progress_save >= 0.5:
+            self._last_progress_save = now
+            self.save()
+
+    def record_round(self, round_index: int, record: dict[str, Any]) -> None:
+        self.data["rounds"][str(round_index)] = {"complete": True, **record}
+        self.data["progress"] = None
+        self.save()
+
+    def add_timing(self, name: str, seconds: float) -> None:
+        self.data["timings"][name] = round(self.data["timings"].get(name, 0.0) + seconds, 3)
+
+
+def open_run_dir(paths: RunPaths, config: Config, *, resume: bool, force: bool) -> Ledger:
+    """Create, resume or (with ``force``) replace a run directory; refuse anything else."""
+    root = paths.root
+    if force and root.exists():
+        shutil.rmtree(root)
+    if not root.exists() or not any(root.iterdir()):
+        root.mkdir(parents=True, exist_ok=True)
+        return Ledger.new(paths, config)
+    if not paths.ledger.exists():
+        raise RunDirError(
+            f"{root} exists and is not a simpipe run (no run.json); choose another run.name "
+            "or pass --force to replace it"
+        )
+    ledger = Ledger.load(paths)
+    if ledger.data.get("config_hash") != config.results_hash():
+        raise RunDirError(
+            f"{root} holds a run made from a different config "
+            f"(hash {ledger.data.get('config_hash')} there, {config.results_hash()} now); "
+            "pass --force to replace it, or set run.name to a new name "
+            "(--resume only continues a run with the same config)"
+        )
+    if not resume:
+        done = len(ledger.completed_rounds())
+        raise RunDirError(
+            f"{root} already holds this run ({ledger.data.get('state')}, {done}/"
+            f"{config.game.rounds} rounds); pass --resume to continue it or --force to start over"
+        )
+    return ledger

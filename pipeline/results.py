@@ -1,0 +1,30 @@
+"""Reading a run's results back (the public layout, with pandas)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from simpipe.layout import RunPaths
+
+
+def read_summary(run_dir: str | Path) -> pd.DataFrame:
+    return pd.read_parquet(RunPaths(Path(run_dir)).summary)
+
+
+def read_rounds(run_dir: str | Path, columns: list[str] | None = None) -> pd.DataFrame:
+    """Every round's rows; ``round`` comes from the ``round=<r>`` directories."""
+    frame = pd.read_parquet(RunPaths(Path(run_dir)).rounds, columns=columns)
+    if "round" in frame:
+        frame["round"] = frame["round"].astype("int64")
+    return frame
+
+
+def read_population(run_dir: str | Path) -> pd.DataFrame:
+    return pd.read_parquet(RunPaths(Path(run_dir)).population)
+
+
+def read_ledger(run_dir: str | Path) -> dict:
+    return json.loads(RunPaths(Path(run_dir)).ledger.read_text(encoding="utf-8"))

@@ -1,0 +1,109 @@
+"""The worker side of a round: one task plays one population partition.
+
+The task is idempotent: if the partition's output file already exists (a resumed run, or
+a task retried after its worker died after writing) it only re-reads the file to rebuild
+the partial, so a round has exactly one row per agent however often a task runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from simpipe.agents.base import Turn
+from simpipe.agents.registry import get_policy
+from simpipe.config import Config
+from simpipe.files import write_parquet_atomic
+from simpipe.games.beauty_contest import Partial, partial_from_rows
+from simpipe.layout import RunPaths
+
+ROW_COLUMNS = ("agent_id", "group_id", "guess", "status", "raw", "tokens_in", "tokens_out",
+               "latency_s", "error")
+
+
+@dataclass(frozen=True)
+class PartitionJob:
+    config: Config
+    run_dir: str
+    round_index: int
+    partition: int
+    group_ids: np.ndarray  # the group of each agent in this partition, in agent_id order
+
+
+@dataclass
+class PartitionOutcome:
+    partition: int
+    partial: Partial
+    n_agents: int
+    tokens_in: int
+    tokens_out: int
+    counters: dict[str, dict]
+    reused: bool
+
+
+def play_partition(job: PartitionJob, winning: np.ndarray) -> PartitionOutcome:
+    """``winning``: (groups, rounds so far), the number announced to each group each round."""
+    paths = RunPaths(Path(job.run_dir))
+    out = paths.round_part(job.round_index, job.partition)
+    if out.exists():
+        rows = pd.read_parquet(out, columns=["group_id", "guess", "status", "tokens_in",
+                                             "tokens_out"])
+        return _outcome(job, rows, {}, reused=True)
+    agents = pd.read_parquet(paths.population_part(job.partition))
+    policy = get_policy(job.config.agents)
+    past_guesses = None
+    if policy.needs_own_history and job.round_index > 0:
+        past_guesses = read_own_guesses(paths, job.partition, job.round_index)
+    turn = Turn(
+        game=job.config.game,
+        seed=job.config.run.seed,
+        round_index=job.round_index,
+        partition=job.partition,
+        past_winning=winning[job.group_ids] if winning.size else np.empty((len(agents), 0)),
+        past_guesses=past_guesses,
+    )
+    before = policy.counters()
+    decisions = policy.decide(agents, turn)
+    counters = _counter_delta(before, policy.counters())
+    rows = pd.concat(
+        [pd.DataFrame({"agent_id": agents["agent_id"].to_numpy(),
+                       "group_id": job.group_ids.astype(np.int64)}),
+         decisions.reset_index(drop=True)],
+        axis=1,
+    )[list(ROW_COLUMNS)]
+    write_parquet_atomic(rows, out)
+    return _outcome(job, rows, counters, reused=False)
+
+
+def read_own_guesses(paths: RunPaths, partition: int, round_index: int) -> np.ndarray:
+    """(agents, rounds so far): this partition's earlier guesses, NaN where invalid."""
+    columns = []
+    for r in range(round_index):
+        rows = pd.read_parquet(paths.round_part(r, partition), columns=["guess", "status"])
+        columns.append(np.where(rows["status"] == "ok", rows["guess"], np.nan))
+    return np.column_stack(columns)
+
+
+def _outcome(job: PartitionJob, rows: pd.DataFrame, counters: dict, reused: bool) -> PartitionOutcome:
+    return PartitionOutcome(
+        partition=job.partition,
+        partial=partial_from_rows(rows),
+        n_agents=len(rows),
+        tokens_in=int(rows["tokens_in"].sum()),
+        tokens_out=int(rows["tokens_out"].sum()),
+        counters=counters,
+        reused=reused,
+    )
+
+
+def _counter_delta(before: dict[str, dict], after: dict[str, dict]) -> dict[str, dict]:
+    """What this partition added to the process-wide per-endpoint counters."""
+    delta = {}
+    for endpoint, now in after.items():
+        then = before.get(endpoint, {})
+        delta[endpoint] = {k: v - then.get(k, 0) for k, v in now.items()
+                           if isinstance(v, int | float)}
+    return delta

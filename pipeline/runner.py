@@ -1,0 +1,234 @@
+"""The round loop on the client: build the graph per round, reduce, announce, record.
+
+Each round is one Dask task per population partition (``round_task.play_partition``), all
+submitted at once; the environment's reduce of their partials runs here, and the winning
+number of each group is fed to the next round. Partitions and rounds already on disk are
+skipped, which is what ``--resume`` relies on.
+
+Why tasks over partition files rather than ``dask.dataframe.map_partitions``: the
+dataframe optimizer may fuse small Parquet files into one partition, and the output layout
+(one file per population partition, replaced idempotently) needs a fixed 1:1 mapping.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from distributed import Client, as_completed
+
+from simpipe.cluster.connect import make_client
+from simpipe.config import Config
+from simpipe.console import Console
+from simpipe.files import remove_stale_temps, write_parquet_atomic
+from simpipe.games.beauty_contest import Partial, equilibrium, reduce_round
+from simpipe.games.groups import assign_groups
+from simpipe.layout import RunPaths
+from simpipe.ledger import Ledger, open_run_dir
+from simpipe.personas.sampling import partition_bounds
+from simpipe.population import ensure_population
+from simpipe.round_task import PartitionJob, PartitionOutcome, play_partition
+
+
+class RunCancelled(RuntimeError):
+    """The run was asked to stop (a CANCEL file); it stopped between rounds, resumable."""
+
+
+@dataclass
+class RunResult:
+    run_dir: Path
+    summary: pd.DataFrame
+    state: str
+    wall_s: float
+    round_times: list[float] = field(default_factory=list)
+
+    def rounds(self) -> pd.DataFrame:
+        from simpipe.results import read_rounds  # noqa: PLC0415 - avoid a cycle at import
+
+        return read_rounds(self.run_dir)
+
+
+@contextmanager
+def _client_for(config: Config, client: Client | None) -> Iterator[Client]:
+    if client is not None:
+        with nullcontext(client) as c:
+            yield c
+    else:
+        with make_client(config.cluster) as c:
+            yield c
+
+
+def run_simulation(config: Config, *, resume: bool = False, force: bool = False,
+                   client: Client | None = None, console: Console | None = None) -> RunResult:
+    """Run (or resume) the configured simulation and return its summary."""
+    console = console or Console()
+    paths = RunPaths(config.run_dir)
+    ledger = open_run_dir(paths, config, resume=resume, force=force)
+    console.attach_log(paths.log)
+    started = time.perf_counter()
+    try:
+        remove_stale_temps(paths.root)
+        paths.cancel_flag.unlink(missing_ok=True)
+        with _client_for(config, client) as dask_client:
+            if dask_client.dashboard_link:
+                console.line(f"Dask dashboard: {dask_client.dashboard_link}")
+            ledger.set_state("running", scheduler=dask_client.scheduler.address)
+            result = _run_rounds(dask_client, config, paths, ledger, console)
+    except RunCancelled:
+        ledger.set_state("interrupted")
+        console.line(f"cancelled; resume with: simpipe run CONFIG --resume  ({paths.root})")
+        raise
+    except KeyboardInterrupt:
+        ledger.set_state("interrupted")
+        raise
+    except BaseException as exc:
+        ledger.set_state("failed", error=f"{type(exc).__name__}: {exc}")
+        raise
+    finally:
+        wall = time.perf_counter() - started
+        ledger.add_timing("wall_s", wall)
+        ledger.save()
+        console.detach_log()
+    ledger.set_state("finished")
+    result.wall_s = wall
+    return result
+
+
+def _run_rounds(client: Client, config: Config, paths: RunPaths, ledger: Ledger,
+                console: Console) -> RunResult:
+    t0 = time.perf_counter()
+    bar = console.progress(config.population.n_partitions, "population")
+    ensure_population(client, config, paths, on_progress=lambda done, n: bar.update(1))
+    bar.close()
+    ledger.add_timing("population_s", time.perf_counter() - t0)
+
+    size, n_parts = config.population.size, config.population.n_partitions
+    groups = assign_groups(size, config.game.group_size, config.run.seed)
+    bounds = partition_bounds(size, n_parts)
+    summary = _read_summary(paths, ledger)
+    done_rounds = set(ledger.completed_rounds())
+    token = uuid.uuid4().hex[:8]  # task keys unique per invocation, even on a shared cluster
+    round_times: list[float] = []
+    for r in range(config.game.rounds):
+        if r in done_rounds:
+            continue
+        if paths.cancel_flag.exists():
+            raise RunCancelled(str(paths.root))
+        winning = _winning_table(summary, int(groups.max()) + 1 if size else 1, r)
+        t_round = time.perf_counter()
+        outcomes = _play_round(client, config, paths, ledger, console, r, groups, bounds, winning,
+                               token)
+        partial = Partial.concat([o.partial for o in outcomes])
+        rows = reduce_round(partial, config.game, r)
+        summary = pd.concat([summary, rows], ignore_index=True) if len(summary) else rows
+        write_parquet_atomic(summary, paths.summary)
+        elapsed = time.perf_counter() - t_round
+        round_times.append(elapsed)
+        record = _round_record(rows, outcomes, elapsed)
+        ledger.record_round(r, record)
+        _merge_counters(ledger, outcomes)
+        console.line(_round_line(config, r, rows, record))
+    return RunResult(paths.root, summary, "finished", 0.0, round_times)
+
+
+def _play_round(client: Client, config: Config, paths: RunPaths, ledger: Ledger,
+                console: Console, r: int, groups: np.ndarray, bounds: list[tuple[int, int]],
+                winning: np.ndarray, token: str) -> list[PartitionOutcome]:
+    [winning_future] = client.scatter([winning], broadcast=True, hash=False)
+    futures = [
+        client.submit(
+            play_partition,
+            PartitionJob(config, str(paths.root), r, k, groups[a:b]),
+            winning_future,
+            key=f"play-round-{r}-part-{k}-{token}",
+            pure=False,
+        )
+        for k, (a, b) in enumerate(bounds)
+    ]
+    outcomes: list[PartitionOutcome] = []
+    bar = console.progress(len(futures), f"round {r}")
+    started = time.perf_counter()
+    agents_done = 0
+    for future in as_completed(futures):
+        outcome = future.result()
+        outcomes.append(outcome)
+        agents_done += outcome.n_agents
+        bar.update(1)
+        ledger.record_progress(r, len(outcomes), len(futures), agents_done,
+                               time.perf_counter() - started)
+    bar.close()
+    return sorted(outcomes, key=lambda o: o.partition)
+
+
+def _winning_table(summary: pd.DataFrame, n_groups: int, upto: int) -> np.ndarray:
+    """(groups, rounds < upto): the number announced to each group after each round."""
+    table = np.full((n_groups, upto), np.nan)
+    if upto and len(summary):
+        done = summary[summary["round"] < upto]
+        table[done["group_id"].to_numpy(), done["round"].to_numpy()] = done["target"].to_numpy()
+    return table
+
+
+def _read_summary(paths: RunPaths, ledger: Ledger) -> pd.DataFrame:
+    if not paths.summary.exists():
+        return pd.DataFrame()
+    summary = pd.read_parquet(paths.summary)
+    # Rounds reduced after the last ledger save are redone; the ledger is the authority.
+    return summary[summary["round"].isin(ledger.completed_rounds())].reset_index(drop=True)
+
+
+def _round_record(rows: pd.DataFrame, outcomes: list[PartitionOutcome], elapsed: float) -> dict:
+    n = int(rows["n"].sum())
+    return {
+        "n": n,
+        "n_valid": int(rows["n_valid"].sum()),
+        "n_unparsed": int(rows["n_unparsed"].sum()),
+        "n_out_of_range": int(rows["n_out_of_range"].sum()),
+        "n_error": int(rows["n_error"].sum()),
+        "mean": _weighted_mean(rows),
+        "tokens_in": sum(o.tokens_in for o in outcomes),
+        "tokens_out": sum(o.tokens_out for o in outcomes),
+        "elapsed_s": round(elapsed, 3),
+        "agents_per_s": round(n / elapsed, 1) if elapsed > 0 else None,
+        "partitions_reused": sum(o.reused for o in outcomes),
+    }
+
+
+def _weighted_mean(rows: pd.DataFrame) -> float | None:
+    valid = rows["n_valid"].to_numpy()
+    if valid.sum() == 0:
+        return None
+    return float(np.nansum(rows["mean"].to_numpy() * valid) / valid.sum())
+
+
+def _merge_counters(ledger: Ledger, outcomes: list[PartitionOutcome]) -> None:
+    endpoints = ledger.data.setdefault("endpoints", {})
+    for outcome in outcomes:
+        for name, delta in outcome.counters.items():
+            slot = endpoints.setdefault(name, {})
+            for key, value in delta.items():
+                slot[key] = slot.get(key, 0) + value
+    ledger.save()
+
+
+def _round_line(config: Config, r: int, rows: pd.DataFrame, record: dict) -> str:
+    if len(rows) == 1:
+        row = rows.iloc[0]
+        stats = (f"mean {row['mean']:.2f}  target {row['target']:.2f}  "
+                 f"winning {row['winning_guess']:.2f}")
+    else:
+        stats = (f"mean {record['mean'] or float('nan'):.2f}  "
+                 f"target (avg over {len(rows)} groups) {rows['target'].mean():.2f}")
+    invalid = record["n"] - record["n_valid"]
+    return (
+        f"round {r + 1}/{config.game.rounds}: {stats}  invalid {invalid} "
+        f"(unparsed {record['n_unparsed']}, out_of_range {record['n_out_of_range']}, "
+        f"error {record['n_error']})  {record['elapsed_s']:.1f}s  "
+        f"{record['agents_per_s'] or 0:,.0f} agents/s  (equilibrium {equilibrium(config.game):g})"
+    )

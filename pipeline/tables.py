@@ -1,0 +1,31 @@
+"""Plain Markdown tables for benchmark and report output (pasteable into the README)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+
+def markdown_table(rows: Sequence[Mapping[str, object]], formats: Mapping[str, str] | None = None) -> str:
+    if not rows:
+        return "(no rows)"
+    formats = formats or {}
+    columns = list(rows[0])
+    cells = [[_cell(row.get(col), formats.get(col)) for col in columns] for row in rows]
+    widths = [max(len(col), *(len(r[i]) for r in cells)) for i, col in enumerate(columns)]
+    line = lambda values: "| " + " | ".join(v.ljust(w) for v, w in zip(values, widths)) + " |"  # noqa: E731
+    out = [line(columns), "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
+    out += [line(r) for r in cells]
+    return "\n".join(out)
+
+
+def _cell(value: object, fmt: str | None) -> str:
+    if value is None or (isinstance(value, float) and value != value):
+        return ""
+    if fmt:
+        try:
+            return fmt.format(value)
+        except (ValueError, TypeError):
+            return str(value)
+    if isinstance(value, float):
+        return f"{value:.3g}"
+    return str(value)
