@@ -154,3 +154,7 @@ def bench_scale(agents: str, latency: float, rounds: int, partitions: int, worke
         parts = partitions or max(2, round(n / 62_500))
         rows += run_case(ScaleCase(n, rounds, latency, min(parts, n), workers, threads), raw=raw)
     click.echo(format_table(rows))
+
+
+if __name__ == "__main__":
+    main()

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from simpipe.agents.base import Turn
 from simpipe.agents.registry import get_policy
@@ -20,8 +21,18 @@ from simpipe.files import write_parquet_atomic
 from simpipe.games.beauty_contest import Partial, partial_from_rows
 from simpipe.layout import RunPaths
 
-ROW_COLUMNS = ("agent_id", "group_id", "guess", "status", "raw", "tokens_in", "tokens_out",
-               "latency_s", "error")
+ROW_SCHEMA = pa.schema([
+    ("agent_id", pa.int64()),
+    ("group_id", pa.int64()),
+    ("guess", pa.float64()),
+    ("status", pa.dictionary(pa.int8(), pa.string())),
+    ("raw", pa.string()),
+    ("tokens_in", pa.int32()),
+    ("tokens_out", pa.int32()),
+    ("latency_s", pa.float64()),
+    ("error", pa.string()),
+])
+ROW_COLUMNS = tuple(ROW_SCHEMA.names)
 
 
 @dataclass(frozen=True)
@@ -74,7 +85,7 @@ def play_partition(job: PartitionJob, winning: np.ndarray) -> PartitionOutcome:
          decisions.reset_index(drop=True)],
         axis=1,
     )[list(ROW_COLUMNS)]
-    write_parquet_atomic(rows, out)
+    write_parquet_atomic(pa.Table.from_pandas(rows, schema=ROW_SCHEMA, preserve_index=False), out)
     return _outcome(job, rows, counters, reused=False)
 
 

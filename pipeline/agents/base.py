@@ -61,15 +61,17 @@ def decisions_frame(
 ) -> pd.DataFrame:
     """Build the decision frame with the result schema's column types."""
     n = len(guess)
-    none = pd.array([None] * n, dtype="string") if (raw is None or error is None) else None
+    # Plain object columns of None: the writer's schema types them as strings, and building
+    # pandas string arrays of a million Nones costs more than the agents' decisions.
+    none = np.full(n, None, dtype=object)
     return pd.DataFrame(
         {
             "guess": np.asarray(guess, dtype=np.float64),
             "status": pd.Categorical(status, categories=("ok", "unparsed", "out_of_range", "error")),
-            "raw": pd.array(raw, dtype="string") if raw is not None else none,
+            "raw": np.asarray(raw, dtype=object) if raw is not None else none,
             "tokens_in": np.zeros(n, np.int32) if tokens_in is None else tokens_in.astype(np.int32),
             "tokens_out": np.zeros(n, np.int32) if tokens_out is None else tokens_out.astype(np.int32),
             "latency_s": np.zeros(n) if latency_s is None else np.asarray(latency_s, np.float64),
-            "error": pd.array(error, dtype="string") if error is not None else none,
+            "error": np.asarray(error, dtype=object) if error is not None else none,
         }
     )

@@ -28,7 +28,10 @@ class ScriptedAgents(AgentPolicy):
             values = agents[attr].astype(object)
             depth_mean += values.map(shifts).fillna(0.0).to_numpy(dtype=np.float64)
         anchor = turn.past_winning[:, -1] if turn.round_index > 0 else None
+        # Two decimals, as a person (or the LLM answer grammar) would write them; it also keeps
+        # the per-partition value counts that the reduce receives small.
         guesses = hierarchy_guesses(turn.game, self.params, depth_mean, anchor, turn.rng(_STREAM))
+        guesses = np.round(guesses, 2)
         latency = None
         if self.latency_s > 0:
             with gc_paused():

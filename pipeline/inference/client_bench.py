@@ -15,7 +15,6 @@ from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 import aiohttp
-
 from simpipe.inference.base import Backend, GenerationRequest, OutputConstraint
 from simpipe.inference.stub_server import StubProcess
 
@@ -41,7 +40,9 @@ _CONSTRAINT = OutputConstraint(
 
 def _requests(n: int) -> list[GenerationRequest]:
     return [
-        GenerationRequest(prompt=_PROMPT.format(i=i % 5), seed=i, max_tokens=4, constraint=_CONSTRAINT)
+        GenerationRequest(
+            prompt=_PROMPT.format(i=i % 5), seed=i, max_tokens=4, constraint=_CONSTRAINT
+        )
         for i in range(n)
     ]
 
@@ -112,7 +113,7 @@ def run_client_bench(
             backend = _backend(protocol, url, concurrency)
             try:
                 await _through(backend, warm)
-                wall, cpu, errors = await _measure(lambda: _through(backend, reqs))
+                wall, cpu, errors = await _measure(lambda b=backend: _through(b, reqs))
             finally:
                 await backend.aclose()
             rows.append(_row(protocol, n_requests, concurrency, wall, cpu, errors))

@@ -26,10 +26,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import aiohttp
-from yarl import URL
-
 from simpipe.inference.base import Backend, EndpointCounters, GenerationRequest, GenerationResult
 from simpipe.inference.settings import HttpSettings
+from yarl import URL
 
 #: Statuses worth another try: overload (429, 503), TGI's generation error (424),
 #: server and gateway failures. Everything else 4xx is the request's fault.
@@ -72,11 +71,10 @@ def _session_for(loop: asyncio.AbstractEventLoop) -> aiohttp.ClientSession:
 
 
 class _Endpoint:
-    __slots__ = ("name", "base", "urls", "load", "fails", "down_until", "counters", "index")
+    __slots__ = ("counters", "down_until", "fails", "index", "load", "name", "urls")
 
     def __init__(self, url: str, index: int) -> None:
         self.name = url.rstrip("/")
-        self.base = URL(self.name)
         self.urls: dict[str, URL] = {}  # path -> parsed URL, parsed once
         self.load = 0  # waiting for a slot + in flight, for least-loaded choice
         self.fails = 0  # consecutive connection failures / timeouts
@@ -94,7 +92,7 @@ class _Endpoint:
 class _LoopState:
     """What must not cross event loops: the session and the semaphores."""
 
-    __slots__ = ("session", "sems")
+    __slots__ = ("sems", "session")
 
     def __init__(self, session: aiohttp.ClientSession, sems: list[asyncio.Semaphore]) -> None:
         self.session = session
@@ -206,13 +204,15 @@ class EndpointPool:
             headers: Mapping[str, str] = {}
             ep.load += 1
             try:
-                async with state.sems[ep.index]:
-                    async with state.session.post(
+                async with (
+                    state.sems[ep.index],
+                    state.session.post(
                         ep.url(path), data=body, headers=self._headers, timeout=self._timeout
-                    ) as resp:
-                        raw = await resp.read()
-                        status = resp.status
-                        headers = resp.headers
+                    ) as resp,
+                ):
+                    raw = await resp.read()
+                    status = resp.status
+                    headers = resp.headers
             except (aiohttp.ClientError, TimeoutError) as exc:
                 error = _describe(exc, ep.name, self._timeout.total)
             finally:

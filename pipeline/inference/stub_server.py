@@ -33,7 +33,7 @@ import sys
 import time
 import zlib
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Self
 
 from aiohttp import web
 
@@ -130,9 +130,11 @@ class StubServer:
         return list(self.config.bodies)
 
     async def start(self) -> str:
-        self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
+        self._runner = web.AppRunner(
+            self.app, access_log=None, handle_signals=False, shutdown_timeout=0.2
+        )
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port, shutdown_timeout=0.2)
+        site = web.TCPSite(self._runner, self.host, self.port)
         await site.start()
         self.port = self._runner.addresses[0][1]
         return self.url
@@ -142,7 +144,7 @@ class StubServer:
             await self._runner.cleanup()
             self._runner = None
 
-    async def __aenter__(self) -> StubServer:
+    async def __aenter__(self) -> Self:
         await self.start()
         return self
 
@@ -151,7 +153,9 @@ class StubServer:
 
     # --- shared request handling ------------------------------------------------------------
 
-    async def _admit(self, request: web.Request, tgi: bool) -> tuple[dict | None, web.Response | None]:
+    async def _admit(
+        self, request: web.Request, tgi: bool
+    ) -> tuple[dict | None, web.Response | None]:
         """Parse and record the body; apply delay, overload and injected failures."""
         raw = await request.read()
         try:
@@ -160,7 +164,11 @@ class StubServer:
             return None, self._invalid(tgi, f"Failed to parse the request body as JSON: {exc}")
         cfg = self.config
         cfg.bodies.append(
-            {"path": request.path, "body": body, "authorization": request.headers.get("Authorization")}
+            {
+                "path": request.path,
+                "body": body,
+                "authorization": request.headers.get("Authorization"),
+            }
         )
         self.served += 1
         if self.served <= cfg.fail_first:
@@ -226,7 +234,9 @@ class StubServer:
             raise _Invalid("`top_p` must be > 0.0 and < 1.0")
         stop = p.get("stop") or []
         if len(stop) > MAX_STOP_SEQUENCES:
-            raise _Invalid(f"`stop` supports up to {MAX_STOP_SEQUENCES} stop sequences. Given: {len(stop)}")
+            raise _Invalid(
+                f"`stop` supports up to {MAX_STOP_SEQUENCES} stop sequences. Given: {len(stop)}"
+            )
         regex, schema = _tgi_grammar(p.get("grammar"))
         seed = p.get("seed")
         text = _answer(seed, inputs, regex)
@@ -248,7 +258,9 @@ class StubServer:
         out = {"generated_text": text}
         if details is not None:
             out["details"] = details
-        return _json(out, headers={"x-prompt-tokens": str(n_in), "x-generated-tokens": str(len(text))})
+        return _json(
+            out, headers={"x-prompt-tokens": str(n_in), "x-generated-tokens": str(len(text))}
+        )
 
     async def _health(self, request: web.Request) -> web.Response:
         return web.Response(status=200)
@@ -369,7 +381,11 @@ def _openai_answer(body: dict, prompt: str) -> tuple[str, str, dict]:
     text, finish = _cut(text, stop, max_tokens)
     finish = "length" if finish == "length" else "stop"
     n_in = _n_tokens(prompt)
-    usage = {"prompt_tokens": n_in, "completion_tokens": len(text), "total_tokens": n_in + len(text)}
+    usage = {
+        "prompt_tokens": n_in,
+        "completion_tokens": len(text),
+        "total_tokens": n_in + len(text),
+    }
     return text, finish, usage
 
 
@@ -393,7 +409,7 @@ class StubProcess:
         self.proc: subprocess.Popen | None = None
         self.url = ""
 
-    def __enter__(self) -> StubProcess:
+    def __enter__(self) -> Self:
         cmd = [sys.executable, "-m", "simpipe.inference.stub_server", "--port", str(self.port)]
         for key, value in self.options.items():
             cmd += [f"--{key.replace('_', '-')}", str(value)]
@@ -418,7 +434,9 @@ class StubProcess:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m simpipe.inference.stub_server", description=__doc__)
+    ap = argparse.ArgumentParser(
+        prog="python -m simpipe.inference.stub_server", description=__doc__
+    )
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=0, help="0: a free port")
     ap.add_argument("--delay-s", type=float, default=0.0)
