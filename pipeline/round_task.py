@@ -51,7 +51,6 @@ class PartitionOutcome:
     n_agents: int
     tokens_in: int
     tokens_out: int
-    counters: dict[str, dict]
     reused: bool
 
 
@@ -62,7 +61,7 @@ def play_partition(job: PartitionJob, winning: np.ndarray) -> PartitionOutcome:
     if out.exists():
         rows = pd.read_parquet(out, columns=["group_id", "guess", "status", "tokens_in",
                                              "tokens_out"])
-        return _outcome(job, rows, {}, reused=True)
+        return _outcome(job, rows, reused=True)
     agents = pd.read_parquet(paths.population_part(job.partition))
     policy = get_policy(job.config.agents)
     past_guesses = None
@@ -76,9 +75,7 @@ def play_partition(job: PartitionJob, winning: np.ndarray) -> PartitionOutcome:
         past_winning=winning[job.group_ids] if winning.size else np.empty((len(agents), 0)),
         past_guesses=past_guesses,
     )
-    before = policy.counters()
     decisions = policy.decide(agents, turn)
-    counters = _counter_delta(before, policy.counters())
     rows = pd.concat(
         [pd.DataFrame({"agent_id": agents["agent_id"].to_numpy(),
                        "group_id": job.group_ids.astype(np.int64)}),
@@ -86,7 +83,7 @@ def play_partition(job: PartitionJob, winning: np.ndarray) -> PartitionOutcome:
         axis=1,
     )[list(ROW_COLUMNS)]
     write_parquet_atomic(pa.Table.from_pandas(rows, schema=ROW_SCHEMA, preserve_index=False), out)
-    return _outcome(job, rows, counters, reused=False)
+    return _outcome(job, rows, reused=False)
 
 
 def read_own_guesses(paths: RunPaths, partition: int, round_index: int) -> np.ndarray:
@@ -98,23 +95,12 @@ def read_own_guesses(paths: RunPaths, partition: int, round_index: int) -> np.nd
     return np.column_stack(columns)
 
 
-def _outcome(job: PartitionJob, rows: pd.DataFrame, counters: dict, reused: bool) -> PartitionOutcome:
+def _outcome(job: PartitionJob, rows: pd.DataFrame, reused: bool) -> PartitionOutcome:
     return PartitionOutcome(
         partition=job.partition,
         partial=partial_from_rows(rows),
         n_agents=len(rows),
         tokens_in=int(rows["tokens_in"].sum()),
         tokens_out=int(rows["tokens_out"].sum()),
-        counters=counters,
         reused=reused,
     )
-
-
-def _counter_delta(before: dict[str, dict], after: dict[str, dict]) -> dict[str, dict]:
-    """What this partition added to the process-wide per-endpoint counters."""
-    delta = {}
-    for endpoint, now in after.items():
-        then = before.get(endpoint, {})
-        delta[endpoint] = {k: v - then.get(k, 0) for k, v in now.items()
-                           if isinstance(v, int | float)}
-    return delta

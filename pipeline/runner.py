@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 from distributed import Client, as_completed
 
+from simpipe.agents.registry import process_counters
 from simpipe.cluster.connect import make_client
 from simpipe.config import Config
 from simpipe.console import Console
@@ -113,6 +114,7 @@ def _run_rounds(client: Client, config: Config, paths: RunPaths, ledger: Ledger,
     bounds = partition_bounds(size, n_parts)
     summary = _read_summary(paths, ledger)
     done_rounds = set(ledger.completed_rounds())
+    counters = _CounterWatch(client, ledger)
     token = uuid.uuid4().hex[:8]  # task keys unique per invocation, even on a shared cluster
     round_times: list[float] = []
     for r in range(config.game.rounds):
@@ -132,7 +134,7 @@ def _run_rounds(client: Client, config: Config, paths: RunPaths, ledger: Ledger,
         round_times.append(elapsed)
         record = _round_record(rows, outcomes, elapsed)
         ledger.record_round(r, record)
-        _merge_counters(ledger, outcomes)
+        counters.update()
         console.line(_round_line(config, r, rows, record))
     return RunResult(paths.root, summary, "finished", 0.0, round_times)
 
@@ -207,14 +209,27 @@ def _weighted_mean(rows: pd.DataFrame) -> float | None:
     return float(np.nansum(rows["mean"].to_numpy() * valid) / valid.sum())
 
 
-def _merge_counters(ledger: Ledger, outcomes: list[PartitionOutcome]) -> None:
-    endpoints = ledger.data.setdefault("endpoints", {})
-    for outcome in outcomes:
-        for name, delta in outcome.counters.items():
-            slot = endpoints.setdefault(name, {})
-            for key, value in delta.items():
-                slot[key] = slot.get(key, 0) + value
-    ledger.save()
+class _CounterWatch:
+    """Per-endpoint counters of this invocation: worker-process totals now minus at start,
+    plus what an earlier (resumed) invocation recorded. Read with ``client.run`` so tasks
+    sharing a process never double-count each other's requests."""
+
+    def __init__(self, client: Client, ledger: Ledger) -> None:
+        self.client = client
+        self.ledger = ledger
+        self.prior = ledger.data.get("endpoints") or {}
+        self.start = client.run(process_counters)
+
+    def update(self) -> None:
+        total = {name: dict(values) for name, values in self.prior.items()}
+        for worker, now in self.client.run(process_counters).items():
+            then = self.start.get(worker, {})
+            for name, values in now.items():
+                slot = total.setdefault(name, {})
+                for key, value in values.items():
+                    slot[key] = slot.get(key, 0) + value - then.get(name, {}).get(key, 0)
+        self.ledger.data["endpoints"] = total
+        self.ledger.save()
 
 
 def _round_line(config: Config, r: int, rows: pd.DataFrame, record: dict) -> str:

@@ -6,18 +6,40 @@ from __future__ import annotations
 import threading
 
 from simpipe.agents.base import AgentPolicy
-from simpipe.agents.scripted import ScriptedAgents
 from simpipe.config import AgentsConfig
+from simpipe.inference.base import Backend
 
 _lock = threading.Lock()
 _policies: dict[str, AgentPolicy] = {}
 
 
+def build_backend(agents: AgentsConfig) -> Backend:
+    """The LLM back-end ``agents.backend`` names (not "scripted")."""
+    # Imported on demand: a scripted run never loads xllamacpp or aiohttp.
+    if agents.backend == "llamacpp":
+        from simpipe.inference.llamacpp import LlamaCppBackend  # noqa: PLC0415
+
+        return LlamaCppBackend(agents.llamacpp)
+    if agents.backend == "tgi":
+        from simpipe.inference.tgi import TgiBackend  # noqa: PLC0415
+
+        return TgiBackend(agents.tgi)
+    if agents.backend == "openai":
+        from simpipe.inference.openai_compat import OpenAIBackend  # noqa: PLC0415
+
+        return OpenAIBackend(agents.openai)
+    raise ValueError(f"agents.backend = {agents.backend!r} is not an LLM back-end")
+
+
 def build_policy(agents: AgentsConfig) -> AgentPolicy:
     if agents.backend == "scripted":
+        from simpipe.agents.scripted import ScriptedAgents  # noqa: PLC0415
+
         s = agents.scripted
         return ScriptedAgents(s.tau, s.noise, s.latency_s, s.depth_shift)
-    raise NotImplementedError(f"agents.backend = {agents.backend!r} is not available yet")
+    from simpipe.agents.llm import LLMAgents  # noqa: PLC0415
+
+    return LLMAgents(build_backend(agents), agents)
 
 
 def get_policy(agents: AgentsConfig) -> AgentPolicy:
@@ -27,3 +49,17 @@ def get_policy(agents: AgentsConfig) -> AgentPolicy:
         if policy is None:
             policy = _policies[key] = build_policy(agents)
         return policy
+
+
+def process_counters() -> dict[str, dict]:
+    """Per-endpoint counters of every policy in this process (run on each worker)."""
+    with _lock:
+        policies = list(_policies.values())
+    total: dict[str, dict] = {}
+    for policy in policies:
+        for endpoint, counts in policy.counters().items():
+            slot = total.setdefault(endpoint, {})
+            for key, value in counts.items():
+                if isinstance(value, int | float):
+                    slot[key] = slot.get(key, 0) + value
+    return total
