@@ -7,8 +7,8 @@ either way, so every agent ends with a guess or a status saying why not.
 
 from __future__ import annotations
 
+import functools
 import math
-import threading
 
 import numpy as np
 import pandas as pd
@@ -50,52 +50,57 @@ def histories(past_guesses: np.ndarray | None, past_winning: np.ndarray) -> list
     return out
 
 
+@functools.lru_cache(maxsize=64)
+def _prompting(game_json: str, style: str) -> tuple[PromptBuilder, OutputConstraint]:
+    game = GameConfig.model_validate_json(game_json)
+    cot = game.prompt == "cot"
+    constraint = OutputConstraint(
+        gbnf=number_grammar(game.low, game.high, cot),
+        regex=number_regex(game.low, game.high, cot),
+        json_schema=None if cot else number_json_schema(game.low, game.high),
+    )
+    return PromptBuilder(game, style), constraint
+
+
+def prompting(game: GameConfig, style: str) -> tuple[PromptBuilder, OutputConstraint]:
+    """The prompt builder and answer constraint of a game (built once per process)."""
+    return _prompting(game.model_dump_json(), style)
+
+
+def build_requests(agents: pd.DataFrame, turn: Turn, style: str,
+                   sampling: SamplingSettings) -> list[GenerationRequest]:
+    """One request per agent: its prompt (rules, persona, own history), seed and limits."""
+    builder, constraint = prompting(turn.game, style)
+    personas = agents["persona"].tolist() if "persona" in agents else [None] * len(agents)
+    prompts = builder.render_many(personas, histories(turn.past_guesses, turn.past_winning),
+                                  turn.round_index)
+    seeds = agent_seeds(turn.seed, turn.round_index, agents["agent_id"].to_numpy())
+    common = {
+        "max_tokens": sampling.cot_max_tokens if turn.game.prompt == "cot" else sampling.max_tokens,
+        "temperature": sampling.temperature,
+        "top_p": sampling.top_p,
+        "constraint": constraint,
+    }
+    return [
+        GenerationRequest(prompt=p, seed=seed, **common) if isinstance(p, str)
+        else GenerationRequest(messages=p, seed=seed, **common)
+        for p, seed in zip(prompts, seeds.tolist())
+    ]
+
+
 class LLMAgents(AgentPolicy):
     needs_own_history = True
 
     def __init__(self, backend: Backend, sampling: SamplingSettings) -> None:
         self.backend = backend
         self.sampling = sampling
-        self._lock = threading.Lock()
-        self._builders: dict[str, tuple[PromptBuilder, OutputConstraint]] = {}
-
-    def _for_game(self, game: GameConfig) -> tuple[PromptBuilder, OutputConstraint]:
-        key = game.model_dump_json()
-        with self._lock:
-            if key not in self._builders:
-                cot = game.prompt == "cot"
-                constraint = OutputConstraint(
-                    gbnf=number_grammar(game.low, game.high, cot),
-                    regex=number_regex(game.low, game.high, cot),
-                    json_schema=None if cot else number_json_schema(game.low, game.high),
-                )
-                builder = PromptBuilder(game, self.backend.prompt_style)
-                self._builders[key] = (builder, constraint)
-            return self._builders[key]
 
     def decide(self, agents: pd.DataFrame, turn: Turn) -> pd.DataFrame:
         game = turn.game
-        builder, constraint = self._for_game(game)
-        cot = game.prompt == "cot"
-        personas = agents["persona"].tolist() if "persona" in agents else [None] * len(agents)
-        prompts = builder.render_many(personas, histories(turn.past_guesses, turn.past_winning),
-                                      turn.round_index)
-        seeds = agent_seeds(turn.seed, turn.round_index, agents["agent_id"].to_numpy())
-        s = self.sampling
-        common = {
-            "max_tokens": s.cot_max_tokens if cot else s.max_tokens,
-            "temperature": s.temperature,
-            "top_p": s.top_p,
-            "constraint": constraint,
-        }
-        requests = [
-            GenerationRequest(prompt=p, seed=int(seed), **common) if isinstance(p, str)
-            else GenerationRequest(messages=p, seed=int(seed), **common)
-            for p, seed in zip(prompts, seeds.tolist())
-        ]
+        requests = build_requests(agents, turn, self.backend.prompt_style, self.sampling)
         results = run_async(self.backend.generate(requests))
         texts = [r.text for r in results]
-        guesses, statuses = parse_many(texts, game.low, game.high, cot)
+        guesses, statuses = parse_many(texts, game.low, game.high, game.prompt == "cot")
         failed = np.fromiter((r.status == "error" for r in results), bool, len(results))
         statuses[failed] = "error"
         guesses[failed] = np.nan

@@ -1,0 +1,163 @@
+"""``simpipe bench engine``: the embedded engine alone vs. the pipeline, same prompts.
+
+Rows, run one after another on the same machine, each with its model already loaded:
+
+1. raw engine: xllamacpp called directly, one thread per slot (FACTS.md's best in-process
+   setup), no Dask, no parsing, no Parquet;
+2. pipeline, ``llamacpp`` back-end: a full round through Dask (one worker process that
+   plays two partitions at a time, so the slots never drain between partitions);
+3. pipeline, ``openai`` back-end against llama.cpp's HTTP server (the same engine,
+   ``python -m simpipe.inference.llamacpp_server``) on localhost.
+
+All three get the prompts the pipeline renders for round 1 of the same population, the same
+grammar and the same per-agent seeds.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+from distributed import Client, LocalCluster
+
+from simpipe.agents.base import Turn
+from simpipe.agents.llm import build_requests
+from simpipe.agents.registry import get_policy
+from simpipe.config import Config, config_from_dict
+from simpipe.console import Console
+from simpipe.inference.base import GenerationRequest
+from simpipe.inference.llamacpp import build_params, request_body, resolve_model_path
+from simpipe.layout import RunPaths
+from simpipe.population import ensure_population
+from simpipe.results import read_population, read_rounds
+from simpipe.runner import run_simulation
+from simpipe.tables import markdown_table
+
+FORMATS = {"prompts_per_s": "{:.2f}", "gen_tokens_per_s": "{:.1f}", "p50_latency_s": "{:.2f}",
+           "p95_latency_s": "{:.2f}", "wall_s": "{:.1f}", "ratio_to_raw": "{:.2f}"}
+
+
+def engine_config(agents: int, n_parallel: int, output_dir: Path, backend: str = "llamacpp",
+                  endpoint: str | None = None) -> Config:
+    raw: dict = {
+        "run": {"name": f"engine-{backend}", "seed": 11, "output_dir": str(output_dir)},
+        "population": {"size": agents, "partitions": 4,
+                       "attributes": {"age": {"min": 18, "max": 80},
+                                      "education": {"values": {"High School": 1,
+                                                               "Bachelor's Degree": 1,
+                                                               "Ph.D.": 1}}}},
+        "game": {"rounds": 1},
+        "agents": {"backend": backend, "max_tokens": 6,
+                   "llamacpp": {"n_parallel": n_parallel}},
+        "cluster": {"kind": "local", "workers": 1, "threads_per_worker": 2,
+                    "dashboard_address": ""},
+    }
+    if endpoint:
+        raw["agents"]["openai"] = {"endpoints": [endpoint], "max_concurrency": n_parallel}
+    return config_from_dict(raw)
+
+
+def _requests(config: Config) -> list[GenerationRequest]:
+    """Round-1 requests exactly as the pipeline's LLM policy builds them."""
+    population = read_population(config.run_dir)
+    turn = Turn(config.game, config.run.seed, 0, 0, np.empty((len(population), 0)))
+    return build_requests(population, turn, "completion", config.agents)
+
+
+def _latency_row(name: str, latencies: np.ndarray, tokens_out: int, wall: float) -> dict:
+    n = len(latencies)
+    return {
+        "engine": name, "prompts": n, "wall_s": wall, "prompts_per_s": n / wall,
+        "gen_tokens_per_s": tokens_out / wall,
+        "p50_latency_s": float(np.percentile(latencies, 50)),
+        "p95_latency_s": float(np.percentile(latencies, 95)),
+    }
+
+
+def raw_engine(requests: list[GenerationRequest], n_parallel: int, model_path: Path) -> dict:
+    """xllamacpp alone: one blocking call per request from n_parallel threads."""
+    import xllamacpp  # noqa: PLC0415
+
+    server = xllamacpp.Server(build_params(model_path, n_parallel=n_parallel, n_ctx=0,
+                                           threads=0))
+    bodies = [request_body(r)[1] for r in requests]
+
+    def call(body: dict) -> tuple[float, int]:
+        start = time.perf_counter()
+        response = server.handle_completions(body)
+        return time.perf_counter() - start, int(response["usage"]["completion_tokens"])
+
+    with ThreadPoolExecutor(n_parallel) as pool:
+        list(pool.map(call, bodies[:n_parallel]))  # warm-up, as the pipeline rows get
+        start = time.perf_counter()
+        results = list(pool.map(call, bodies))
+        wall = time.perf_counter() - start
+    del server
+    return _latency_row("raw engine (xllamacpp, in-process threads)",
+                        np.array([r[0] for r in results]), sum(r[1] for r in results), wall)
+
+
+def _pipeline_row(name: str, config: Config, client: Client) -> dict:
+    # Load the model / open the session in the worker first, as a long run amortises it.
+    client.run(get_policy, config.agents)
+    result = run_simulation(config, client=client, force=True, console=Console(quiet=True))
+    rows = read_rounds(config.run_dir)
+    ok = (rows["status"] == "ok").mean()
+    row = _latency_row(name, rows["latency_s"].to_numpy(), int(rows["tokens_out"].sum()),
+                       result.round_times[0])
+    row["valid_share"] = ok
+    return row
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _local_cluster() -> LocalCluster:
+    return LocalCluster(n_workers=1, threads_per_worker=2, processes=True,
+                        dashboard_address=None, silence_logs=logging.ERROR)
+
+
+def run_engine_bench(agents: int, n_parallel: int = 32) -> list[dict]:
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="simpipe-engine-") as tmp:
+        out = Path(tmp)
+        config = engine_config(agents, n_parallel, out)
+        model = resolve_model_path(config.agents.llamacpp)
+        with _local_cluster() as cluster, Client(cluster) as client:
+            ensure_population(client, config, RunPaths(config.run_dir))
+            requests = _requests(config)
+            rows.append(raw_engine(requests, n_parallel, model) | {"valid_share": None})
+            rows.append(_pipeline_row("pipeline: llamacpp back-end via Dask", config, client))
+        port = _free_port()
+        server = subprocess.Popen(
+            [sys.executable, "-m", "simpipe.inference.llamacpp_server", "--port", str(port),
+             "--parallel", str(n_parallel), "--model", str(model)],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        try:
+            server.stdout.readline()  # "... listening on http://..." once /health answers
+            url = f"http://127.0.0.1:{port}"
+            openai = engine_config(agents, n_parallel, out, backend="openai", endpoint=url)
+            with _local_cluster() as cluster, Client(cluster) as client:
+                rows.append(_pipeline_row("pipeline: openai back-end -> llama.cpp server",
+                                          openai, client))
+        finally:
+            server.terminate()
+            server.wait(timeout=30)
+    base = rows[0]["prompts_per_s"]
+    for row in rows:
+        row["ratio_to_raw"] = row["prompts_per_s"] / base
+    return rows
+
+
+def format_table(rows: list[dict]) -> str:
+    return markdown_table(rows, FORMATS | {"valid_share": "{:.0%}"})
