@@ -127,12 +127,15 @@ class EndpointPool:
         return {ep.name: ep.counters.as_dict() for ep in self._endpoints}
 
     def endpoint_counters(self) -> dict[str, EndpointCounters]:
+        """The live counter objects (they keep changing while requests run)."""
         return {ep.name: ep.counters for ep in self._endpoints}
 
     def _state(self) -> _LoopState:
         loop = asyncio.get_running_loop()
         state = self._states.get(loop)
         if state is None or state.session.closed:
+            for old in [lp for lp in self._states if lp.is_closed()]:
+                del self._states[old]
             session = _session_for(loop)
             _session_users[loop] = _session_users.get(loop, 0) + (state is None)
             sems = [asyncio.Semaphore(self._max_concurrency) for _ in self._endpoints]
@@ -334,6 +337,10 @@ class HttpBackend(Backend):
 
     def counters(self) -> dict[str, dict]:
         return self._pool.counters()
+
+    def endpoint_counters(self) -> dict[str, EndpointCounters]:
+        """The live per-endpoint counters, e.g. to watch a batch in progress."""
+        return self._pool.endpoint_counters()
 
     async def aclose(self) -> None:
         await self._pool.aclose()
