@@ -45,7 +45,9 @@ _UNPARSED = ParsedAnswer(None, "unparsed", None)
 
 # Unicode minus signs and fraction slashes to ASCII; everything else is left alone
 # (``float`` already reads non-ASCII decimal digits).
-_TRANSLATE = str.maketrans({"\u2212": "-", "\ufe63": "-", "\uff0d": "-", "\u2044": "/", "\u2215": "/"})
+_TRANSLATE = str.maketrans(
+    {"\u2212": "-", "\ufe63": "-", "\uff0d": "-", "\u2044": "/", "\u2215": "/"}
+)
 
 _NUM = (
     r"(?:(?<![\w.\-])[-+])?"  # a sign only when not glued to a word, digit or hyphen
@@ -53,13 +55,15 @@ _NUM = (
     r"(?:\s*/\s*\d+(?:\.\d+)?)?"  # 100/3
 )
 _NUM_RE = re.compile(_NUM)
-_BARE_RE = re.compile(r"\s*(" + _NUM + r")\s*%?\s*\.?\s*")
-_LEADING_RE = re.compile(r"\s*[*\"'`(\[]*\s*(" + _NUM + ")")
+# Never two ``\s*`` with only optional text between them: quadratic on long blank runs.
+_BARE_RE = re.compile(r"\s*(" + _NUM + r")%?\.?\s*")
+_LEADING_RE = re.compile(r"[\s*\"'`(\[]*(" + _NUM + ")")
 _JSON_RE = re.compile(
-    r"(?<!\w)[\"']?(?:number|guess|answer|value)[\"']?\s*:\s*[\"']?\s*(" + _NUM + ")", re.IGNORECASE
+    r"(?<!\w)[\"']?(?:number|guess|answer|value)[\"']?\s*:[\s\"']*(" + _NUM + ")",
+    re.IGNORECASE,
 )
 _PHRASE_RE = re.compile(
-    r"(?:\bmy\s+(?:final\s+)?(?:number|guess|answer|choice|pick|pick\s+is)"
+    r"(?:\bmy\s+(?:final\s+)?(?:number|guess|answer|choice|pick)"
     r"(?:\s+(?:is|would\s+be|will\s+be|=))?"
     r"|\bi(?:\s+(?:will|would|shall)|'ll|'d)?\s+(?:pick|choose|guess|select|say|go\s+with)"
     r"(?:\s+(?:the\s+)?(?:number|value))?"

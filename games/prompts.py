@@ -104,7 +104,9 @@ def history_line(item: HistoryItem) -> str:
     return f"Round {item.round + 1}: {own}; {win}."
 
 
-def history_text(history: Sequence[HistoryItem], line: Callable[[HistoryItem], str] = history_line) -> str:
+def history_text(
+    history: Sequence[HistoryItem], line: Callable[[HistoryItem], str] = history_line
+) -> str:
     """One line per earlier round, oldest first; empty without history."""
     if not history:
         return ""
@@ -144,8 +146,11 @@ class PromptBuilder:
         self, persona: str | None, history: Sequence[HistoryItem], round_index: int
     ) -> Prompt:
         """One agent's prompt for ``round_index`` (0-based)."""
-        about = f"About you: {persona.strip()}\n\n" if persona and persona.strip() else ""
-        tail = about + history_text(history, self._line) + self.round_line(round_index)
+        return self._render(persona, history, self.round_line(round_index))
+
+    def _render(self, persona: str | None, history: Sequence[HistoryItem], line: str) -> Prompt:
+        about = f"About you: {persona.strip()}\n\n" if persona and not persona.isspace() else ""
+        tail = about + history_text(history, self._line) + line
         if self.style == "completion":
             return f"{self.prefix}{tail}\n{self.cue}"
         return (
@@ -164,7 +169,7 @@ class PromptBuilder:
             raise ValueError(
                 f"{len(personas)} personas but {len(histories)} histories: one per agent"
             )
-        render = self.render
+        render, line = self._render, self.round_line(round_index)
         if histories is None:
-            return [render(p, (), round_index) for p in personas]
-        return [render(p, h, round_index) for p, h in zip(personas, histories)]
+            return [render(p, (), line) for p in personas]
+        return [render(p, h, line) for p, h in zip(personas, histories)]

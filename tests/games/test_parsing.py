@@ -1,0 +1,148 @@
+"""The tolerant parser: a table of odd model outputs, and properties over arbitrary text."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from simpipe.games.answer_format import ANSWER_MARKER
+from simpipe.games.parsing import ParsedAnswer, parse_answer, parse_many
+
+OK, UNPARSED, OUT = "ok", "unparsed", "out_of_range"
+
+# (text, cot, expected status, expected value)
+TABLE = [
+    ("33", False, OK, 33.0),
+    ("  42\n", False, OK, 42.0),
+    ("33.5", False, OK, 33.5),
+    ("0", False, OK, 0.0),
+    ("100", False, OK, 100.0),
+    ('{"number": 33}', False, OK, 33.0),
+    ('{"guess": "33"}', False, OK, 33.0),
+    ("{'answer': 12.5}", False, OK, 12.5),
+    ("I pick 33.5", False, OK, 33.5),
+    ("my guess is 22", False, OK, 22.0),
+    ("My final answer is 19.", False, OK, 19.0),
+    ("I choose the number 40 because 2/3 of 60 is 40", False, OK, 40.0),
+    ("**Final Answer:** 17", False, OK, 17.0),
+    ("100/3", False, OK, 100 / 3),
+    ("33%", False, OK, 33.0),
+    ("1,000", False, OUT, 1000.0),
+    ("-5", False, OUT, -5.0),
+    ("\u22125", False, OUT, -5.0),
+    ("101", False, OUT, 101.0),
+    ("abc33def", False, OK, 33.0),
+    ("Gemma3 says 20", False, OK, 20.0),
+    ("round-3", False, OK, 3.0),
+    ("33\n\nRound 4 of 3.\nMy number: 50", False, OK, 33.0),
+    ("", False, UNPARSED, None),
+    ("   ", False, UNPARSED, None),
+    (None, False, UNPARSED, None),
+    ("no idea", False, UNPARSED, None),
+    ("nan", False, UNPARSED, None),
+    ("inf", False, UNPARSED, None),
+    ("NaN or Infinity", False, UNPARSED, None),
+    ("9" * 400, False, UNPARSED, None),
+    ("1/0", False, UNPARSED, None),
+    # cot: after the LAST marker; without one, an answer phrase, else the last number.
+    (f"2/3 of 50 is 33. {ANSWER_MARKER} 22", True, OK, 22.0),
+    (f"{ANSWER_MARKER} 10. Hmm, no. {ANSWER_MARKER} 15", True, OK, 15.0),
+    ("2/3 of 50 is 33, and 2/3 of 33 is 22. final answer: 22", True, OK, 22.0),
+    ("If all pick 50, the target is 33. My guess is 25. Others may go to 20.", True, OK, 25.0),
+    ("If all pick 50, the target is 33. Going one step further gives 22.", True, OK, 22.0),
+    (f"Thinking... {ANSWER_MARKER} 150", True, OUT, 150.0),
+    (f"Thinking about 30... {ANSWER_MARKER}", True, OK, 30.0),
+    ("Let's think step by step.", True, UNPARSED, None),
+    # The marker is honoured in basic mode too.
+    (f"Hmm. {ANSWER_MARKER} 7", False, OK, 7.0),
+]
+
+
+@pytest.mark.parametrize(("text", "cot", "status", "value"), TABLE)
+def test_odd_outputs(text: object, cot: bool, status: str, value: float | None) -> None:
+    parsed = parse_answer(text, 0, 100, cot=cot)
+    assert parsed.status == status
+    if value is None:
+        assert parsed.value is None
+    else:
+        assert parsed.value == pytest.approx(value)
+    assert parsed.guess == (parsed.value if status == OK else None)
+
+
+def test_non_string_inputs_never_raise() -> None:
+    for text in (None, 33, 3.5, b"33", float("nan"), object(), ["33"]):
+        assert parse_answer(text, 0, 100) == ParsedAnswer(None, UNPARSED, None)
+
+
+def test_parse_many() -> None:
+    texts = ["33", "x", "150", None, "33", f"{ANSWER_MARKER} 5"]
+    guesses, statuses = parse_many(texts, 0, 100, cot=True)
+    assert guesses.dtype == np.float64
+    np.testing.assert_array_equal(guesses, [33.0, np.nan, np.nan, np.nan, 33.0, 5.0])
+    assert list(statuses) == [OK, UNPARSED, OUT, UNPARSED, OK, OK]
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.text())
+def test_never_raises_on_arbitrary_text(text: str) -> None:
+    for cot in (False, True):
+        parsed = parse_answer(text, 0, 100, cot=cot)
+        assert parsed.status in (OK, UNPARSED, OUT)
+        if parsed.status == OK:
+            assert math.isfinite(parsed.guess) and 0 <= parsed.guess <= 100
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(alphabet=st.characters(codec="utf-8"), max_size=60), st.sampled_from([False, True]))
+def test_never_raises_with_marker_and_digits(noise: str, cot: bool) -> None:
+    parse_answer(f"{noise} {ANSWER_MARKER} {noise}9/{noise}", 0, 100, cot=cot)
+
+
+PHRASES = [
+    "{}",
+    " {} ",
+    "I pick {}",
+    "I choose {}.",
+    "My guess is {}",
+    "My number: {}",
+    "my final answer is {}",
+    '{{"number": {}}}',
+    '{{"guess": "{}"}}',
+    "After some thought, I'll go with {}.",
+    "Reasoning about the others... " + ANSWER_MARKER + " {}",
+]
+
+numbers = st.one_of(
+    st.integers(-1000, 1000).map(float),
+    st.decimals(-1000, 1000, places=2, allow_nan=False, allow_infinity=False).map(float),
+)
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.2f}".rstrip("0").rstrip(".") if x != int(x) else str(int(x))
+
+
+@settings(max_examples=300, deadline=None)
+@given(numbers, st.sampled_from(PHRASES), st.sampled_from([False, True]))
+def test_number_in_a_phrase_parses_back(x: float, phrase: str, cot: bool) -> None:
+    text = phrase.format(_fmt(x))
+    parsed = parse_answer(text, 0, 100, cot=cot)
+    assert parsed.value == pytest.approx(x), text
+    # In range iff ok.
+    assert (parsed.status == OK) == (0 <= x <= 100), text
+    assert parsed.status in (OK, OUT)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [" " * 20_000 + "x", "number:" + " " * 20_000 + "x", "5" + " " * 20_000 + "/ x",
+     "**" * 10_000 + "x", "my number" + " " * 20_000, "1," * 10_000, ANSWER_MARKER * 2_000],
+)
+def test_long_blank_runs_stay_cheap(text: str) -> None:
+    # Regression guard against nested \s* backtracking (quadratic); the suite timeout catches it.
+    for cot in (False, True):
+        parse_answer(text, 0, 100, cot=cot)

@@ -1,0 +1,155 @@
+"""Prompt text: rules, variants, memory across rounds, shared prefix, both shapes."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from simpipe.games.answer_format import ANSWER_MARKER
+from simpipe.games.config import GameConfig
+from simpipe.games.prompts import (
+    COMPLETION_CUE,
+    COT_CUE,
+    HistoryItem,
+    PromptBuilder,
+    fmt_number,
+    rule_text,
+    rules_text,
+)
+
+PERSONA = "A 34-year-old economist from Lyon."
+HISTORY = [HistoryItem(0, 50.0, 33.33), HistoryItem(1, 30.5, 22.22)]
+
+
+def completion(**game: object) -> PromptBuilder:
+    return PromptBuilder(GameConfig(**game), "completion")
+
+
+def test_round_0_has_no_history() -> None:
+    text = completion().render(PERSONA, [], 0)
+    assert "earlier rounds" not in text
+    assert "winning number was" not in text
+    assert "Round 1 of 3." in text
+
+
+def test_round_2_lists_both_answers_and_winning_numbers_in_order() -> None:
+    text = completion().render(PERSONA, HISTORY, 2)
+    first = text.index("Round 1: you chose 50; the winning number was 33.33.")
+    second = text.index("Round 2: you chose 30.5; the winning number was 22.22.")
+    assert first < second < text.index("Round 3 of 3.")
+
+
+def test_invalid_earlier_answer_is_shown_as_such() -> None:
+    text = completion().render(None, [HistoryItem(0, None, 40.0)], 1)
+    assert "Round 1: your answer was invalid; the winning number was 40." in text
+
+
+def test_agents_see_only_their_own_history() -> None:
+    builder = completion()
+    a = builder.render(PERSONA, [HistoryItem(0, 11.0, 33.0)], 1)
+    b = builder.render(PERSONA, [HistoryItem(0, 77.0, 33.0)], 1)
+    assert "11" in a and "77" not in a
+    assert "77" in b and "11" not in b
+
+
+def test_variant_disclosure_only_when_set() -> None:
+    assert "variation" not in completion().render(None, [], 0)
+    text = completion(ratio="1/2", offset=5, disclose_variant=True).render(None, [], 0)
+    assert 'variation of the well-known game "guess 2/3 of the average"' in text
+    assert text.count("5 + 1/2 * the average") == 2  # the rule and the variant note
+
+
+def test_cot_has_the_marker_instruction_and_basic_does_not() -> None:
+    cot = completion(prompt="cot").render(PERSONA, HISTORY, 2)
+    basic = completion(prompt="basic").render(PERSONA, HISTORY, 2)
+    assert f'"{ANSWER_MARKER}"' in cot and "step by step" in cot
+    assert cot.endswith(COT_CUE)
+    assert ANSWER_MARKER not in basic and "step by step" not in basic
+    assert basic.endswith(COMPLETION_CUE)
+
+
+@pytest.mark.parametrize("ratio", ["2/3", "0.51", "51/100", "4/3"])
+def test_ratio_text_exactly_as_configured(ratio: str) -> None:
+    game = GameConfig(ratio=ratio)
+    assert rule_text(game) == f"{ratio} of the average of all chosen numbers"
+    assert f"The target is {ratio} of the average" in rules_text(game)
+
+
+def test_float_ratio_from_toml_keeps_its_text() -> None:
+    assert rule_text(GameConfig(ratio=0.51)).startswith("0.51 of the average")
+
+
+def test_offset_variant_text() -> None:
+    game = GameConfig(ratio="1/2", offset=5)
+    assert rule_text(game) == "5 + 1/2 * the average of all chosen numbers"
+
+
+def test_clipping_note_only_when_the_target_can_leave_the_range() -> None:
+    assert "nearest end" not in rules_text(GameConfig(ratio="2/3"))
+    assert "nearest end" in rules_text(GameConfig(ratio="4/3"))
+
+
+def test_range_appears_in_rules() -> None:
+    assert "between 10 and 55.5 (inclusive)" in rules_text(GameConfig(low=10, high=55.5))
+
+
+@pytest.mark.parametrize("prompt", ["basic", "cot"])
+def test_shared_prefix_across_agents_and_rounds(prompt: str) -> None:
+    builder = completion(prompt=prompt)
+    prompts = [
+        builder.render("An artist.", [], 0),
+        builder.render("A professor of game theory.", [], 0),
+        builder.render("An artist.", HISTORY, 2),
+        builder.render(None, HISTORY[:1], 1),
+    ]
+    common = os.path.commonprefix(prompts)
+    assert common == builder.prefix
+    assert builder.rules in common and builder.instruction in common
+    # Per agent, round r extends round r-1 up to the round line.
+    r1 = builder.render("An artist.", HISTORY[:1], 1)
+    r2 = builder.render("An artist.", HISTORY, 2)
+    assert r2.startswith(r1[: r1.index("Round 2 of 3.")].removesuffix("\n"))
+
+
+def test_chat_shape_is_system_then_user() -> None:
+    builder = PromptBuilder(GameConfig(prompt="cot"), "chat")
+    messages = builder.render(PERSONA, HISTORY, 2)
+    assert isinstance(messages, tuple) and [m["role"] for m in messages] == ["system", "user"]
+    system, user = messages[0]["content"], messages[1]["content"]
+    assert system.startswith(builder.rules) and ANSWER_MARKER in system
+    assert PERSONA not in system and "33.33" not in system
+    assert user.index(PERSONA) < user.index("33.33") < user.index("Round 3 of 3.")
+    assert user.endswith(builder.instruction)
+    other = builder.render("Someone else.", [], 0)
+    assert other[0] == messages[0]
+
+
+def test_render_many_matches_render() -> None:
+    builder = completion()
+    personas = ["a", None, "c"]
+    histories = [HISTORY, [], HISTORY[:1]]
+    assert builder.render_many(personas, histories, 2) == [
+        builder.render(p, h, 2) for p, h in zip(personas, histories)
+    ]
+    assert builder.render_many(personas, None, 0) == [builder.render(p, [], 0) for p in personas]
+    with pytest.raises(ValueError):
+        builder.render_many(personas, histories[:2], 2)
+
+
+def test_blank_persona_is_left_out() -> None:
+    builder = completion()
+    assert builder.render("  ", [], 0) == builder.render(None, [], 0)
+    assert "About you" not in builder.render("", [], 0)
+
+
+def test_bad_style_raises() -> None:
+    with pytest.raises(ValueError, match="style"):
+        PromptBuilder(GameConfig(), "json")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("x", "text"), [(5.0, "5"), (33.3333, "33.33"), (-0.0, "0"), (0.5, "0.5"), (100.0, "100")]
+)
+def test_fmt_number(x: float, text: str) -> None:
+    assert fmt_number(x) == text
