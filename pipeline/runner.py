@@ -79,6 +79,7 @@ def run_simulation(config: Config, *, resume: bool = False, force: bool = False,
         with _client_for(config, client) as dask_client:
             if dask_client.dashboard_link:
                 console.line(f"Dask dashboard: {dask_client.dashboard_link}")
+            console.line(f"Watch it in the browser: simpipe ui --results {config.run.output_dir}")
             ledger.set_state("running", scheduler=dask_client.scheduler.address)
             result = _run_rounds(dask_client, config, paths, ledger, console)
     except RunCancelled:
@@ -157,15 +158,34 @@ def _play_round(client: Client, config: Config, paths: RunPaths, ledger: Ledger,
     bar = console.progress(len(futures), f"round {r}")
     started = time.perf_counter()
     agents_done = 0
-    for future in as_completed(futures):
-        outcome = future.result()
-        outcomes.append(outcome)
-        agents_done += outcome.n_agents
-        bar.update(1)
-        ledger.record_progress(r, len(outcomes), len(futures), agents_done,
-                               time.perf_counter() - started)
-    bar.close()
+    pending = as_completed(futures, timeout=None)
+    try:
+        while len(outcomes) < len(futures):
+            # Wake up now and then to notice a cancel request even in a long round.
+            batch = pending.next_batch(block=False) or _wait_one(pending)
+            for future in batch:
+                outcome = future.result()
+                outcomes.append(outcome)
+                agents_done += outcome.n_agents
+                bar.update(1)
+            ledger.record_progress(r, len(outcomes), len(futures), agents_done,
+                                   time.perf_counter() - started, force=len(outcomes) == len(futures))
+            if paths.cancel_flag.exists() and len(outcomes) < len(futures):
+                # Finished partitions are on disk; --resume skips them and replays the rest.
+                client.cancel(futures)
+                raise RunCancelled(str(paths.root))
+    finally:
+        bar.close()
     return sorted(outcomes, key=lambda o: o.partition)
+
+
+def _wait_one(pending: as_completed, poll_s: float = 0.25) -> list:
+    deadline = time.monotonic() + poll_s
+    while time.monotonic() < deadline:
+        if pending.has_ready():
+            return pending.next_batch(block=False)
+        time.sleep(0.01)
+    return []
 
 
 def _winning_table(summary: pd.DataFrame, n_groups: int, upto: int) -> np.ndarray:

@@ -1,0 +1,170 @@
+"""`simpipe report` as a function: load runs, compute tables, draw figures, write the page."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from simpipe.report import figures as fig
+from simpipe.report import tables as tab
+from simpipe.report.load import ReportInputError, RunData, load_runs, slug
+from simpipe.report.reference import load_references
+
+FLOAT2 = "{:.2f}"
+FORMATS: dict[str, str] = {
+    "n": "{:,}", "n_valid": "{:,}", "n_agents": "{:,}", "run_n": "{:,}", "human_n": "{:,}",
+    "tokens_in": "{:,}", "tokens_out": "{:,}", "valid_share": "{:.1%}", "wall_s": "{:.1f}",
+    "rounds": "{:d}", "round": "{:d}", "offset": "{:g}", "equilibrium": "{:g}",
+    "rounds_to_within_1": "{:.0f}", "paper_value": FLOAT2, "run_value": FLOAT2,
+    **{c: FLOAT2 for c in ("mean", "median", "sd", "target", "winning_guess", "ci_low", "ci_high",
+                            "first_mean", "first_median", "last_mean", "run_mean", "run_median",
+                            "human_mean", "human_median")},
+}
+
+
+@dataclass
+class TableSection:
+    """One table as the console, the CSV and the page show it."""
+
+    key: str  # the CSV's stem
+    title: str
+    frame: pd.DataFrame
+    notes: list[str] = field(default_factory=list)
+    citation: str = ""
+    attribute: str | None = None
+
+    def display_rows(self) -> list[dict[str, object]]:
+        frame = self.frame.astype(object).where(self.frame.notna(), None)
+        if "rounds_to_within_1" in frame:
+            frame["rounds_to_within_1"] = frame["rounds_to_within_1"].map(
+                lambda v: "not reached" if v is None else v)
+        return frame.to_dict("records")
+
+
+@dataclass
+class FigureItem:
+    path: Path
+    caption: str
+    run: str | None = None  # None: a comparison of all runs
+    attribute: str | None = None
+
+
+@dataclass
+class Report:
+    out: Path
+    runs: list[RunData]
+    sections: list[TableSection]
+    figures: list[FigureItem]
+    html: Path
+    notes: list[str]
+
+    def section(self, key: str) -> TableSection:
+        return next(s for s in self.sections if s.key == key)
+
+
+def available_attributes(runs: Sequence[RunData]) -> list[str]:
+    return list(dict.fromkeys(a for run in runs for a in run.attributes))
+
+
+def build_report(run_dirs: Sequence[str | Path], out: str | Path | None = None,
+                 by: Sequence[str] = ()) -> Report:
+    """Write tables/*.csv, figures/*.png and report.html under `out`; return what was written."""
+    runs = load_runs(run_dirs)
+    attributes = _choose_attributes(runs, by)
+    out_dir = Path(out) if out is not None else default_out(runs)
+    (out_dir / "tables").mkdir(parents=True, exist_ok=True)
+    (out_dir / "figures").mkdir(parents=True, exist_ok=True)
+    refs = load_references()
+    notes: list[str] = []
+
+    round_tables = [tab.round_table(run) for run in runs]
+    human, human_notes = tab.human_table(runs, round_tables, refs)
+    paper, paper_notes = tab.paper_table(runs, round_tables, refs)
+    sections = [
+        TableSection("runs", "Per run", tab.run_table(runs, round_tables),
+                     notes=["rounds_to_within_1: rounds played until the mean guess is within 1 "
+                            "of the equilibrium (1 = already in the first round)."]),
+        TableSection("rounds", "Per round", pd.concat(round_tables, ignore_index=True),
+                     notes=["Statistics of valid guesses, pooled over groups; target and "
+                            "winning_guess as announced (averaged over groups when there are "
+                            "several). Rounds are numbered from 0, as in the Parquet files."]),
+        TableSection("human_reference", "First round beside human subjects", human,
+                     notes=human_notes, citation=refs.human_citation),
+        TableSection("paper_reference", "Beside the paper's LLM agents", paper,
+                     notes=paper_notes, citation=refs.llm_citation),
+    ]
+    figures: list[FigureItem] = []
+    for run, rounds in zip(runs, round_tables):
+        stem = slug(run.label)
+        figures.append(FigureItem(
+            fig.guesses_figure(run, out_dir / "figures" / f"{stem}-guesses.png"),
+            f"{run.label}: distribution of guesses per round", run=run.label))
+        figures.append(FigureItem(
+            fig.convergence_figure(run, rounds, out_dir / "figures" / f"{stem}-convergence.png"),
+            f"{run.label}: mean, target and winning guess per round; equilibrium "
+            f"{run.equilibrium:g}", run=run.label))
+
+    for attribute in attributes:
+        with_attr = [run for run in runs if attribute in run.columns]
+        for run in runs:
+            if run not in with_attr:
+                notes.append(f"{run.label}: no attribute {attribute!r} in its population")
+        table = pd.concat([tab.attribute_table(run, attribute) for run in with_attr],
+                          ignore_index=True)
+        sections.append(TableSection(
+            f"by_{slug(attribute)}", f"Mean guess by {attribute}", table, attribute=attribute,
+            notes=["n valid guesses per level and round; 95% Student-t confidence interval of "
+                   "the mean."]))
+        for run in with_attr:
+            name = f"{slug(run.label)}-by-{slug(attribute)}.png"
+            figures.append(FigureItem(
+                fig.attribute_figure(table[table["run"] == run.label], "round",
+                                     f"{run.label}: mean guess by {attribute}",
+                                     out_dir / "figures" / name),
+                f"{run.label}: mean guess by {attribute} per round, 95% CI",
+                run=run.label, attribute=attribute))
+        if len(with_attr) > 1:
+            first = table[table["round"] == table.groupby("run")["round"].transform("min")]
+            figures.append(FigureItem(
+                fig.attribute_figure(first, "run", f"first round: mean guess by {attribute}",
+                                     out_dir / "figures" / f"compare-by-{slug(attribute)}.png"),
+                f"all runs: first-round mean guess by {attribute}, 95% CI", attribute=attribute))
+    if not attributes:
+        notes.append("no persona attributes in the population: no per-attribute tables")
+
+    if len(runs) > 1:
+        figures.append(FigureItem(fig.compare_convergence_figure(
+            runs, round_tables, out_dir / "figures" / "compare-convergence.png"),
+            "all runs: mean (solid) and target (dashed) per round; dotted: each run's equilibrium"))
+        figures.append(FigureItem(fig.compare_guesses_figure(
+            runs, out_dir / "figures" / "compare-guesses.png"),
+            "all runs side by side: share of valid guesses per round"))
+
+    for section in sections:
+        section.frame.to_csv(out_dir / "tables" / f"{section.key}.csv", index=False)
+
+    from simpipe.report.html import write_html  # noqa: PLC0415 - the page is the last step
+
+    report = Report(out_dir, runs, sections, figures, out_dir / "report.html", notes)
+    write_html(report, FORMATS)
+    return report
+
+
+def default_out(runs: Sequence[RunData]) -> Path:
+    """One run: RUN_DIR/report; several: a folder beside the first run."""
+    if len(runs) == 1:
+        return runs[0].run_dir / "report"
+    return runs[0].run_dir.parent / "report-compare"
+
+
+def _choose_attributes(runs: Sequence[RunData], by: Sequence[str]) -> list[str]:
+    available = list(dict.fromkeys(c for run in runs for c in run.columns))
+    missing = [a for a in by if a not in available]
+    if missing:
+        raise ReportInputError(
+            f"--by {', '.join(missing)}: no such attribute in the population "
+            f"(available: {', '.join(available) if available else 'none'})")
+    return list(dict.fromkeys(by)) if by else available_attributes(runs)

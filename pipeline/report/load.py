@@ -1,0 +1,130 @@
+"""Reading one or many run directories into frames, through the public Parquet layout only."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import pyarrow.parquet as pq
+
+from simpipe.games.beauty_contest import equilibrium
+from simpipe.games.config import GameConfig
+from simpipe.layout import RunPaths
+from simpipe.results import read_ledger, read_rounds, read_summary
+
+# The columns the report needs: never `raw` or `error`, which dominate the bytes on disk.
+ROUND_COLUMNS = ["agent_id", "round", "guess", "status", "tokens_in", "tokens_out"]
+NOT_ATTRIBUTES = {"agent_id", "persona"}
+EXPECTED = "expected run.json, rounds/ and summary.parquet as written by `simpipe run`"
+
+
+class ReportInputError(ValueError):
+    """A path or option the report cannot use; the message names it and what is expected."""
+
+
+@dataclass
+class RunData:
+    run_dir: Path
+    label: str
+    ledger: dict
+    game: GameConfig
+    equilibrium: float
+    summary: pd.DataFrame  # summary.parquet, completed rounds only
+    rounds: pd.DataFrame  # ROUND_COLUMNS, completed rounds only
+    population: pd.DataFrame  # agent_id + attribute columns (no persona text)
+
+    @property
+    def columns(self) -> list[str]:
+        """Population columns a guess can be broken down by (--by)."""
+        return [c for c in self.population.columns if c not in NOT_ATTRIBUTES]
+
+    @property
+    def attributes(self) -> list[str]:
+        """The persona attributes the config declares, in its order (the default breakdown).
+
+        Other population columns (e.g. how a persona was made) are bookkeeping, not
+        demographics; they are still available to --by.
+        """
+        declared = (self.ledger.get("config", {}).get("population", {}) or {}).get("attributes")
+        if isinstance(declared, dict):
+            return [a for a in declared if a in self.columns]
+        return [c for c in self.columns if not c.startswith("persona")]
+
+    def attribute_order(self, attribute: str) -> list[str]:
+        """The labels of a categorical attribute in the order the config lists them."""
+        spec = (self.ledger.get("config", {}).get("population", {})
+                .get("attributes", {}).get(attribute) or {})
+        values = spec.get("values") if isinstance(spec, dict) else None
+        return [str(v) for v in values] if isinstance(values, dict) else []
+
+    @property
+    def round_indices(self) -> list[int]:
+        return sorted(int(r) for r in self.summary["round"].unique())
+
+
+def load_run(run_dir: str | Path, label: str | None = None) -> RunData:
+    path = Path(run_dir)
+    paths = RunPaths(path)
+    if not path.is_dir() or not paths.ledger.is_file():
+        raise ReportInputError(f"{run_dir}: not a simpipe run directory ({EXPECTED})")
+    try:
+        ledger = read_ledger(path)
+    except json.JSONDecodeError as exc:
+        raise ReportInputError(f"{paths.ledger}: not valid JSON ({exc.msg})") from exc
+    if not paths.summary.is_file() or not paths.rounds.is_dir():
+        raise ReportInputError(f"{run_dir}: no completed round yet ({EXPECTED})")
+    try:
+        game = GameConfig(**ledger["config"]["game"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ReportInputError(f"{paths.ledger}: no usable config.game ({exc})") from exc
+
+    summary = read_summary(path)
+    done = sorted(int(r) for r in summary["round"].unique())
+    rounds = read_rounds(path, columns=ROUND_COLUMNS)
+    # A round still being written (or interrupted) has part files but no summary rows yet.
+    rounds = rounds[rounds["round"].isin(done)].reset_index(drop=True)
+    return RunData(
+        run_dir=path, label=label or str(ledger.get("name") or path.name), ledger=ledger,
+        game=game, equilibrium=equilibrium(game), summary=summary, rounds=rounds,
+        population=_read_population(paths.population),
+    )
+
+
+def load_runs(run_dirs: Sequence[str | Path]) -> list[RunData]:
+    if not run_dirs:
+        raise ReportInputError("no run directory given")
+    runs = [load_run(d) for d in run_dirs]
+    _dedupe_labels(runs)
+    return runs
+
+
+def slug(label: str) -> str:
+    """A label as a file-name fragment."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", label).strip("_") or "run"
+
+
+def _read_population(directory: Path) -> pd.DataFrame:
+    parts = sorted(directory.glob("part-*.parquet"))
+    if not parts:
+        return pd.DataFrame({"agent_id": pd.Series(dtype="int64")})
+    # Persona text can be most of the population's bytes and no table uses it.
+    names = [n for n in pq.read_schema(parts[0]).names if n != "persona"]
+    return pd.read_parquet(directory, columns=names)
+
+
+def _dedupe_labels(runs: list[RunData]) -> None:
+    """Runs with the same name (the same config in two output roots) need distinct labels."""
+    seen: dict[str, int] = {}
+    for run in runs:
+        seen[run.label] = seen.get(run.label, 0) + 1
+    for run in runs:
+        if seen[run.label] > 1:
+            run.label = f"{run.run_dir.parent.name}/{run.run_dir.name}"
+    labels = [r.label for r in runs]
+    for i, run in enumerate(runs):
+        if labels.count(run.label) > 1:
+            run.label = f"{run.label}#{i + 1}"
