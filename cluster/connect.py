@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from distributed import Client, LocalCluster
 
@@ -17,16 +19,22 @@ class ClusterError(RuntimeError):
 
 @contextmanager
 def make_client(config: ClusterConfig) -> Iterator[Client]:
-    """A client for the configured cluster, closed (and a local cluster shut down) on exit."""
+    """A client for the configured cluster, closed (and a cluster it started shut down, its
+    SLURM jobs cancelled) on exit."""
     if config.kind == "address":
         try:
             client = Client(config.address, timeout="20s")
         except OSError as exc:
             raise ClusterError(
                 f"cannot reach the Dask scheduler at cluster.address = {config.address!r} "
-                f"({exc}); start it (`dask scheduler`) or fix the address"
+                f"({exc}); start it (`dask scheduler`, `simpipe cluster up`) or fix the address"
             ) from exc
         with client:
+            yield client
+        return
+    if config.kind == "slurm":
+        with slurm_cluster(config) as cluster, Client(cluster) as client:
+            start_workers(cluster, client, config)
             yield client
         return
     cluster = LocalCluster(
@@ -39,3 +47,70 @@ def make_client(config: ClusterConfig) -> Iterator[Client]:
     )
     with cluster, Client(cluster) as client:
         yield client
+
+
+def slurm_cluster_kwargs(config: ClusterConfig, job_name: str = "simpipe-worker") -> dict[str, Any]:
+    """The ``dask_jobqueue.SLURMCluster`` arguments for a ``[cluster]`` section."""
+    scheduler_options = dict(config.scheduler_options)
+    if config.dashboard_address:
+        scheduler_options.setdefault("dashboard_address", config.dashboard_address)
+    else:
+        scheduler_options.setdefault("dashboard", False)
+    kwargs: dict[str, Any] = {
+        "queue": config.queue,
+        "account": config.account,
+        "walltime": config.walltime,
+        "cores": config.cores,
+        "memory": config.memory,
+        "processes": config.processes,
+        "interface": config.interface,
+        "scheduler_options": scheduler_options,
+        "local_directory": config.local_directory,
+        "log_directory": config.log_directory,
+        "job_extra_directives": list(config.job_extra_directives),
+        "job_script_prologue": list(config.job_script_prologue),
+        "worker_extra_args": config.worker_lifetime_args(),
+        "python": config.python or sys.executable,
+        "job_name": job_name,
+    }
+    return {k: v for k, v in kwargs.items() if v is not None}
+
+
+@contextmanager
+def slurm_cluster(config: ClusterConfig, job_name: str = "simpipe-worker") -> Iterator[Any]:
+    """A started ``SLURMCluster`` (no jobs yet); closing it cancels its jobs."""
+    from dask_jobqueue import SLURMCluster  # noqa: PLC0415 - only SLURM runs pay for it
+
+    from simpipe.cluster.slurm import SlurmError, require_controller  # noqa: PLC0415
+
+    try:
+        require_controller()
+    except SlurmError as exc:
+        raise ClusterError(str(exc)) from None
+    try:
+        cluster = SLURMCluster(**slurm_cluster_kwargs(config, job_name))
+    except (OSError, ValueError) as exc:
+        raise ClusterError(f"cannot start the Dask scheduler for SLURM workers ({exc}); check "
+                           "cluster.interface and cluster.scheduler_options") from exc
+    with cluster:
+        yield cluster
+
+
+def start_workers(cluster: Any, client: Client, config: ClusterConfig) -> None:
+    if config.adapt is not None:
+        cluster.adapt(minimum_jobs=config.adapt.minimum, maximum_jobs=config.adapt.maximum)
+        wanted = config.adapt.minimum * config.processes
+    else:
+        cluster.scale(jobs=config.n_jobs)
+        wanted = config.n_jobs * config.processes
+    if not wanted:
+        return  # adaptive from zero: the first tasks ask for jobs
+    try:
+        client.wait_for_workers(wanted, timeout=config.start_timeout_s)
+    except TimeoutError:
+        logs = config.log_directory or "the job output files (cluster.log_directory)"
+        raise ClusterError(
+            f"{wanted} SLURM worker(s) did not connect within cluster.start_timeout_s = "
+            f"{config.start_timeout_s:g} s; see `squeue` (queued? pending reason) and {logs} "
+            "(wrong cluster.python, or cluster.interface?)"
+        ) from None

@@ -1,0 +1,60 @@
+"""Which inference endpoints are on this node: each worker prefers its own node's servers.
+
+Why: on a GPU cluster a request to the server on the same node skips the network hop and
+keeps the load of each node's workers on that node's GPUs; the other nodes' servers are the
+fall-back when the local ones are down or saturated.
+"""
+
+from __future__ import annotations
+
+import functools
+import ipaddress
+import socket
+from collections.abc import Sequence
+from urllib.parse import urlsplit
+
+
+@functools.lru_cache(maxsize=1)
+def local_names() -> frozenset[str]:
+    """Host names and addresses that mean "this node"."""
+    names = {"localhost", "127.0.0.1", "::1", socket.gethostname(), socket.getfqdn()}
+    try:
+        host, aliases, addrs = socket.gethostbyname_ex(socket.gethostname())
+        names.update([host, *aliases, *addrs])
+    except OSError:
+        pass  # an unresolvable hostname: interface addresses below still count
+    try:
+        import psutil  # noqa: PLC0415 - a declared dependency, only needed here
+
+        for addrs in psutil.net_if_addrs().values():
+            names.update(a.address.split("%")[0] for a in addrs
+                         if a.family in (socket.AF_INET, socket.AF_INET6))
+    except (ImportError, OSError):
+        pass
+    names.add(socket.gethostname().split(".")[0])
+    return frozenset(n.lower() for n in names if n)
+
+
+def is_local(url: str, names: frozenset[str] | None = None) -> bool:
+    host = (urlsplit(url).hostname or "").lower()
+    names = names if names is not None else local_names()
+    if host in names or host.split(".")[0] in names:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def split_local(endpoints: Sequence[str],
+                names: frozenset[str] | None = None) -> tuple[list[str], list[str]]:
+    """(endpoints on this node, the others), each in the given order."""
+    local = [e for e in endpoints if is_local(e, names)]
+    remote = [e for e in endpoints if not is_local(e, names)]
+    return local, remote
+
+
+def prefer_local(endpoints: Sequence[str], names: frozenset[str] | None = None) -> list[str]:
+    """The endpoints with this node's first; the order the pool should try them in."""
+    local, remote = split_local(endpoints, names)
+    return local + remote

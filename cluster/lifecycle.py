@@ -1,0 +1,168 @@
+"""``simpipe cluster up | status | down``: start the manager, read what it built, stop it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from simpipe.cluster import servers as srv
+from simpipe.cluster import slurm
+from simpipe.cluster.config import ClusterConfig
+from simpipe.cluster.state import (
+    StateError,
+    pid_alive,
+    read_state,
+    remove_state,
+    state_path,
+    work_dir,
+)
+
+
+def up(cfg: ClusterConfig, name: str,
+       on_progress: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
+    """Start the manager of cluster ``name`` and wait until it is ready (or failed)."""
+    if cfg.kind != "slurm":
+        raise StateError(f'simpipe cluster up needs cluster.kind = "slurm" (got "{cfg.kind}")')
+    slurm.require_controller()
+    if state_path(name).exists():
+        old = read_state(name)
+        if pid_alive(old.get("manager_pid")):
+            raise StateError(f"cluster {name!r} is already up (manager pid "
+                             f"{old['manager_pid']}); `simpipe cluster down {name}` first")
+        down(name)  # a stale state from a crashed manager: clean its jobs first
+    wd = work_dir(name)
+    (wd / "logs").mkdir(parents=True, exist_ok=True)
+    (wd / "cluster.json").write_text(cfg.model_dump_json(), encoding="utf-8")
+    log = open(wd / "manager.log", "ab")  # noqa: SIM115 - handed to the child
+    # A new session: the manager outlives this command and ignores the terminal's Ctrl-C.
+    proc = subprocess.Popen([sys.executable, "-m", "simpipe.cluster.manager", name],
+                            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            start_new_session=True, close_fds=True)
+    log.close()
+    deadline = time.monotonic() + cfg.start_timeout_s + cfg.servers.startup_timeout_s + 60
+    last = ""
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            break
+        if state_path(name).exists():
+            state = read_state(name)
+            phase = state.get("state", "")
+            if phase != last:
+                on_progress(phase)
+                last = phase
+            if phase == "ready":
+                return state
+            if phase == "failed":
+                break
+        time.sleep(0.3)
+    else:
+        os.kill(proc.pid, signal.SIGTERM)
+    proc.wait(timeout=120)
+    error = ""
+    if state_path(name).exists():
+        error = read_state(name).get("error", "")
+    tail = _tail(wd / "manager.log")
+    down(name)
+    raise StateError(f"cluster {name!r} did not come up: {error or 'manager exited'}"
+                     + (f"\n{tail}" if tail and not error else ""))
+
+
+def _tail(path: Any, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def status(name: str) -> dict[str, Any]:
+    """Workers (host, memory, tasks), servers (health, requests), SLURM jobs (state, time left)."""
+    state = read_state(name)
+    report: dict[str, Any] = {"name": name, "state": state.get("state"),
+                              "scheduler": state.get("scheduler"),
+                              "manager_alive": pid_alive(state.get("manager_pid")),
+                              "workers": [], "servers": [], "jobs": []}
+    if state.get("scheduler") and report["manager_alive"]:
+        report["workers"] = _workers(state["scheduler"])
+    cfg = _servers_config(name)
+    for s in state.get("servers", []):
+        problem = srv.probe(s["url"], cfg) if s.get("url") else "not placed yet"
+        report["servers"].append({"index": s["index"], "url": s.get("url", ""),
+                                  "job_id": s["job_id"],
+                                  "health": "ok" if problem is None else problem,
+                                  "requests": srv.requests_served(s["url"]) if s.get("url")
+                                  else None})
+    for job_name in (state.get("worker_job_name"), state.get("server_job_name")):
+        if job_name:
+            report["jobs"] += [j.__dict__ for j in slurm.jobs(name=job_name).values()]
+    return report
+
+
+def _servers_config(name: str) -> srv.ServersConfig:
+    try:
+        raw = json.loads((work_dir(name) / "cluster.json").read_text(encoding="utf-8"))
+        return ClusterConfig.model_validate(raw).servers
+    except (OSError, ValueError):
+        return srv.ServersConfig()
+
+
+def _workers(address: str) -> list[dict[str, Any]]:
+    from distributed import Client  # noqa: PLC0415
+
+    try:
+        with Client(address, timeout="10s") as client:
+            info = client.scheduler_info(n_workers=-1)["workers"]
+            processing = client.processing()
+    except (OSError, TimeoutError):
+        return []
+    return [{"address": addr, "host": w.get("host"), "memory_limit": w.get("memory_limit"),
+             "memory": w.get("metrics", {}).get("memory"),
+             "tasks": len(processing.get(addr, ()))} for addr, w in sorted(info.items())]
+
+
+def down(name: str, timeout: float = 60.0) -> list[str]:
+    """Stop the manager, cancel every job of this cluster, remove its state; the job ids
+    that were still known to SLURM."""
+    try:
+        state = read_state(name)
+    except StateError:
+        state = {}
+    pid = state.get("manager_pid")
+    if pid_alive(pid):
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while pid_alive(pid) and time.monotonic() < deadline:
+            _reap(pid)
+            time.sleep(0.2)
+        if pid_alive(pid):
+            os.kill(pid, signal.SIGKILL)
+            _reap(pid)
+    names = [n for n in (state.get("worker_job_name"), state.get("server_job_name")) if n]
+    names = names or [f"simpipe-{name}-worker", srv.job_name(name)]
+    left: list[str] = []
+    ids = [*state.get("worker_jobs", []), *(s["job_id"] for s in state.get("servers", []))]
+    if slurm.controller_problem() is None:
+        for job_name in names:
+            left += list(slurm.jobs(name=job_name))
+        slurm.cancel(sorted(set(left) | set(ids)))
+        # Wait until the jobs are gone, so "down" means nothing is running any more.
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            alive = [j for n in names for j in slurm.jobs(name=n).values()]
+            if not alive:
+                break
+            time.sleep(0.5)
+    remove_state(name)
+    return sorted(set(left) | set(ids))
+
+
+def _reap(pid: int) -> None:
+    try:
+        os.waitpid(pid, os.WNOHANG)  # our own child when up and down run in one process
+    except ChildProcessError:
+        pass

@@ -1,0 +1,257 @@
+"""Inference servers as SLURM jobs: command templates, job scripts, health checks.
+
+One SLURM job per server, so a server can be cancelled, replaced or counted on its own; each
+gets its own port (``servers.port + index``) so several can share a node without clashing.
+The endpoint of a server is only known once SLURM has placed it: its node's NodeAddr plus
+its port.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from simpipe.cluster import slurm
+from simpipe.cluster.config import ClusterConfig, ServersConfig
+
+TEMPLATES: dict[str, str] = {
+    # text-generation-inference; one shard per GPU of the server.
+    "tgi": ("text-generation-launcher --model-id {model} --hostname {host} --port {port} "
+            "--num-shard {gpus} {extra_args}"),
+    # vLLM's OpenAI-compatible server; tensor parallel over the server's GPUs.
+    "vllm": ("vllm serve {model} --host {host} --port {port} --tensor-parallel-size {gpus} "
+             "{extra_args}"),
+    # llama.cpp's server through the embedded engine (CPU nodes, tests).
+    "llamacpp": ("{python} -m simpipe.inference.llamacpp_server --host {host} --port {port} "
+                 "--threads {cpus} {model_flag} {extra_args}"),
+}
+
+ENDED_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
+                "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
+
+
+class ServerError(RuntimeError):
+    """Servers could not be started or never became healthy; the message says why."""
+
+
+@dataclass
+class Server:
+    index: int
+    job_id: str
+    port: int
+    node: str = ""
+    address: str = ""
+    healthy: bool = False
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.address}]" if ":" in self.address else self.address
+        return f"http://{host}:{self.port}"
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "url": self.url if self.address else ""}
+
+
+def job_name(cluster_name: str) -> str:
+    return f"simpipe-{cluster_name}-server"
+
+
+def server_command(cfg: ServersConfig, port: int | str, index: int = 0,
+                   python: str | None = None) -> str:
+    """The command line of one server, container wrapper included."""
+    template = cfg.command or TEMPLATES.get(cfg.kind, "")
+    if not template:
+        raise ServerError(f'cluster.servers.kind = "{cfg.kind}" has no command template; set '
+                          "cluster.servers.command")
+    fields = {
+        "model": shlex.quote(cfg.model) if cfg.model else "",
+        "model_flag": f"--model {shlex.quote(cfg.model)}" if cfg.model else "",
+        "host": cfg.host,
+        "port": str(port),
+        "gpus": str(max(cfg.gpus_per_server, 1)),
+        "cpus": str(cfg.cpus_per_server),
+        "python": shlex.quote(python or sys.executable),
+        "extra_args": cfg.extra_args,
+        "index": str(index),
+    }
+    try:
+        command = template.format(**fields)
+    except (KeyError, IndexError) as exc:
+        raise ServerError(f"cluster.servers.command: unknown placeholder {exc}; allowed: "
+                          f"{', '.join('{' + k + '}' for k in fields)}") from None
+    command = re.sub(r"\s+", " ", command).strip()
+    if cfg.container != "none":
+        gpu_flag = "--nv " if cfg.gpus_per_server else ""
+        command = (f"{cfg.container} exec {gpu_flag}{cfg.container_args} "
+                   f"{shlex.quote(cfg.image)} {command}")
+        command = re.sub(r"\s+", " ", command)
+    return command
+
+
+def server_job_script(cluster: ClusterConfig, cluster_name: str, index: int,
+                      log_dir: str | None = None) -> str:
+    """The sbatch script of server ``index``."""
+    cfg = cluster.servers
+    port = cfg.port + index
+    lines = [
+        "#!/usr/bin/env bash",
+        f"#SBATCH --job-name={job_name(cluster_name)}",
+        "#SBATCH --nodes=1",
+        "#SBATCH --ntasks=1",
+        f"#SBATCH --cpus-per-task={cfg.cpus_per_server}",
+        f"#SBATCH --mem={_slurm_memory(cfg.memory)}",
+        f"#SBATCH --time={cfg.walltime or cluster.walltime}",
+    ]
+    if cluster.queue:
+        lines.append(f"#SBATCH --partition={cluster.queue}")
+    if cluster.account:
+        lines.append(f"#SBATCH --account={cluster.account}")
+    if cfg.gpus_per_server:
+        lines.append(f"#SBATCH --gres=gpu:{cfg.gpus_per_server}")
+    if log_dir:
+        lines.append(f"#SBATCH --output={log_dir}/%x-%j.out")
+    lines += [f"#SBATCH {d}" for d in cfg.job_extra_directives]
+    lines += list(cfg.job_script_prologue)
+    lines.append(f"echo \"simpipe server {index} on $(hostname) port {port}\"")
+    # exec: scancel's SIGTERM reaches the server itself, which shuts down cleanly.
+    lines.append("exec " + server_command(cfg, port, index, cluster.python))
+    return "\n".join(lines) + "\n"
+
+
+def _slurm_memory(text: str) -> str:
+    """``4GB`` / ``4GiB`` / ``4096MB`` -> SLURM's ``--mem`` (megabytes, ``M`` suffix)."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(i?B)?\s*", text, re.IGNORECASE)
+    if not m:
+        raise ServerError(f"cluster.servers.memory = {text!r}: use e.g. \"4GB\"")
+    value, unit = float(m.group(1)), (m.group(2) or "M").upper()
+    mb = value * {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}[unit]
+    return f"{max(1, int(mb))}M"
+
+
+def launch(cluster: ClusterConfig, cluster_name: str, log_dir: str | None = None) -> list[Server]:
+    """Submit every server job; returns at once (see ``wait_healthy``)."""
+    if log_dir:
+        Path(log_dir).mkdir(parents=True, exist_ok=True)
+    servers: list[Server] = []
+    try:
+        for i in range(cluster.servers.count):
+            job = slurm.submit(server_job_script(cluster, cluster_name, i, log_dir))
+            servers.append(Server(i, job, cluster.servers.port + i))
+    except slurm.SlurmError:
+        slurm.cancel([s.job_id for s in servers])
+        raise
+    return servers
+
+
+def probe(url: str, cfg: ServersConfig, timeout: float = 3.0) -> str | None:
+    """None when ``health_path`` (and ``models_path``) answer 200, else what failed."""
+    for path in (cfg.health_path, cfg.models_path):
+        if not path:
+            continue
+        try:
+            with urllib.request.urlopen(url + path, timeout=timeout) as resp:
+                if resp.status != 200:
+                    return f"{path}: HTTP {resp.status}"
+        except urllib.error.HTTPError as exc:
+            return f"{path}: HTTP {exc.code}"  # 503 while the model loads
+        except (urllib.error.URLError, OSError) as exc:
+            return f"{path}: {getattr(exc, 'reason', exc)}"
+    return None
+
+
+def wait_healthy(servers: list[Server], cfg: ServersConfig, *,
+                 log_dir: str | None = None,
+                 on_ready: Callable[[Server, float], None] | None = None) -> list[Server]:
+    """Wait until every server answers its health checks; raise ServerError at
+    ``startup_timeout_s`` or as soon as a server job ends."""
+    started = time.monotonic()
+    deadline = started + cfg.startup_timeout_s
+    last: dict[int, str] = {}
+    while True:
+        pending = [s for s in servers if not s.healthy]
+        if not pending:
+            return servers
+        info = slurm.jobs([s.job_id for s in pending])
+        for server in pending:
+            job = info.get(server.job_id)
+            if job is None or job.state in ENDED_STATES:
+                state = job.state if job else "ended"
+                raise ServerError(f"server {server.index} (SLURM job {server.job_id}) {state} "
+                                  f"before it was healthy{_log_hint(log_dir, server)}")
+            if job.state != "RUNNING":
+                last[server.index] = f"job {job.state}"
+                continue
+            if not server.address:
+                server.node = job.nodes
+                server.address = slurm.node_address(job.nodes)
+            problem = probe(server.url, cfg)
+            if problem is None:
+                server.healthy = True
+                if on_ready:
+                    on_ready(server, time.monotonic() - started)
+            else:
+                last[server.index] = problem
+        if time.monotonic() > deadline:
+            waiting = "; ".join(f"server {i}: {why}" for i, why in sorted(last.items())
+                                if not servers[i].healthy)
+            raise ServerError(
+                f"servers not healthy within cluster.servers.startup_timeout_s = "
+                f"{cfg.startup_timeout_s:g} s ({waiting}){_log_hint(log_dir, None)}; raise the "
+                "timeout for large models, or check the model and the command template"
+            )
+        time.sleep(0.5)
+
+
+def wait_urls_healthy(urls: list[str], cfg: ServersConfig) -> None:
+    """Wait until every URL passes ``probe`` (servers started outside SLURM's view, e.g.
+    inside a batch job); ServerError at ``startup_timeout_s``."""
+    deadline = time.monotonic() + cfg.startup_timeout_s
+    pending = dict.fromkeys(urls, "not tried")
+    while pending:
+        for url in list(pending):
+            problem = probe(url, cfg)
+            if problem is None:
+                del pending[url]
+            else:
+                pending[url] = problem
+        if not pending:
+            return
+        if time.monotonic() > deadline:
+            raise ServerError(
+                "servers not healthy within cluster.servers.startup_timeout_s = "
+                f"{cfg.startup_timeout_s:g} s: "
+                + "; ".join(f"{u}: {why}" for u, why in pending.items()))
+        time.sleep(0.5)
+
+
+def _log_hint(log_dir: str | None, server: Server | None) -> str:
+    if not log_dir:
+        return "; see the job's slurm-<jobid>.out"
+    if server is None:
+        return f"; see the server logs in {log_dir}"
+    return f"; see {log_dir}/simpipe-*-server-{server.job_id}.out"
+
+
+def requests_served(url: str, timeout: float = 2.0) -> int | None:
+    """Requests a server has answered, from its Prometheus ``/metrics`` (TGI, vLLM);
+    None where the server exports no such counter (llama.cpp without --metrics)."""
+    try:
+        with urllib.request.urlopen(url + "/metrics", timeout=timeout) as resp:
+            text = resp.read().decode("utf-8", "replace")
+    except (urllib.error.URLError, OSError):
+        return None
+    total = None
+    for line in text.splitlines():
+        if line.startswith(("tgi_request_success", "vllm:request_success_total")):
+            try:
+                total = (total or 0) + int(float(line.rsplit(" ", 1)[1]))
+            except ValueError:
+                continue
+    return total

@@ -1,0 +1,120 @@
+"""Thin wrappers over the SLURM commands (sinfo, sbatch, squeue, scancel, scontrol).
+
+Commands rather than a library: they are what every SLURM site has, they honour SLURM_CONF,
+and their errors are the ones users search for.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from dataclasses import dataclass
+
+
+class SlurmError(RuntimeError):
+    """A SLURM command failed; the message names the command and SLURM's own words."""
+
+
+def _run(args: list[str], *, input_text: str | None = None, timeout: float = 30.0) -> str:
+    if shutil.which(args[0]) is None:
+        raise SlurmError(f"{args[0]} not found: install SLURM's client commands "
+                         "(Debian: apt-get install slurm-client) or load its module")
+    try:
+        proc = subprocess.run(args, input=input_text, capture_output=True, text=True,
+                              timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        raise SlurmError(f"{' '.join(args)} did not answer within {timeout:g} s") from None
+    if proc.returncode != 0:
+        raise SlurmError(f"{' '.join(args[:2])}: {proc.stderr.strip() or proc.stdout.strip()}")
+    return proc.stdout
+
+
+def controller_problem(timeout: float = 15.0) -> str | None:
+    """None when ``sinfo`` reaches a controller, else why not (one line)."""
+    if shutil.which("sinfo") is None:
+        return "sinfo not found (SLURM client commands are not installed)"
+    try:
+        proc = subprocess.run(["sinfo", "-h", "-o", "%P"], capture_output=True, text=True,
+                              timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        return f"sinfo did not answer within {timeout:g} s"
+    if proc.returncode != 0:
+        return (proc.stderr.strip().splitlines() or ["sinfo failed"])[-1]
+    return None
+
+
+def require_controller() -> None:
+    """Raise SlurmError with the fix when no controller answers."""
+    problem = controller_problem()
+    if problem:
+        raise SlurmError(
+            f'cluster.kind = "slurm" but sinfo cannot reach a controller ({problem}): run '
+            "`bash cluster/local-slurm.sh up` on a workstation, or check SLURM_CONF"
+        )
+
+
+def submit(script: str) -> str:
+    """``sbatch`` a script given as text; the job id."""
+    out = _run(["sbatch", "--parsable"], input_text=script)
+    return out.strip().split(";")[0]
+
+
+def cancel(job_ids: list[str] | tuple[str, ...]) -> None:
+    if job_ids:
+        try:
+            _run(["scancel", *job_ids])
+        except SlurmError as exc:
+            # Jobs that already ended are no error for a clean-up.
+            if "Invalid job id" not in str(exc):
+                raise
+
+
+def cancel_named(name: str) -> None:
+    """Cancel this user's jobs called exactly ``name``."""
+    _run(["scancel", "--name", name])
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    job_id: str
+    name: str
+    state: str  # PENDING, RUNNING, COMPLETING, ...
+    time_left: str
+    nodes: str  # node list ("" while pending)
+
+
+def jobs(job_ids: list[str] | None = None, name: str | None = None) -> dict[str, JobInfo]:
+    """Jobs still known to squeue (ended jobs drop out after MinJobAge)."""
+    args = ["squeue", "-h", "-o", "%i|%j|%T|%L|%N"]
+    if job_ids is not None:
+        if not job_ids:
+            return {}
+        args += ["-j", ",".join(job_ids)]
+    if name is not None:
+        args += ["--name", name]
+    try:
+        out = _run(args)
+    except SlurmError as exc:
+        if "Invalid job id" in str(exc):  # every id already purged
+            return {}
+        raise
+    result = {}
+    for line in out.splitlines():
+        parts = line.split("|")
+        if len(parts) == 5:
+            result[parts[0]] = JobInfo(*parts)
+    return result
+
+
+def node_address(node: str) -> str:
+    """The address a node is reached at (its NodeAddr), for endpoint URLs."""
+    out = _run(["scontrol", "show", "node", node, "-o"])
+    for field in out.split():
+        if field.startswith("NodeAddr="):
+            return field.split("=", 1)[1]
+    return node
+
+
+def expand_nodelist(nodelist: str) -> list[str]:
+    """``node[01-03]`` -> ``["node01", "node02", "node03"]``."""
+    return _run(["scontrol", "show", "hostnames", nodelist]).split()
