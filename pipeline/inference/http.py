@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import aiohttp
+from simpipe.cluster.endpoints import is_local
 from simpipe.inference.base import Backend, EndpointCounters, GenerationRequest, GenerationResult
 from simpipe.inference.settings import HttpSettings
 from yarl import URL
@@ -71,7 +72,7 @@ def _session_for(loop: asyncio.AbstractEventLoop) -> aiohttp.ClientSession:
 
 
 class _Endpoint:
-    __slots__ = ("counters", "down_until", "fails", "index", "load", "name", "urls")
+    __slots__ = ("counters", "down_until", "fails", "index", "load", "local", "name", "urls")
 
     def __init__(self, url: str, index: int) -> None:
         self.name = url.rstrip("/")
@@ -81,6 +82,7 @@ class _Endpoint:
         self.down_until = 0.0  # time.monotonic() before which it is skipped
         self.counters = EndpointCounters()
         self.index = index
+        self.local = False  # on this node (see simpipe.cluster.endpoints)
 
     def url(self, path: str) -> URL:
         url = self.urls.get(path)
@@ -106,6 +108,10 @@ class EndpointPool:
         if not settings.endpoints:
             raise ValueError("endpoints: at least one endpoint URL is needed")
         self._endpoints = [_Endpoint(url, i) for i, url in enumerate(settings.endpoints)]
+        for ep in self._endpoints:
+            ep.local = is_local(ep.name)
+        # Only a mix of this node's and other nodes' servers needs the two-pass pick.
+        self._has_remote = len({ep.local for ep in self._endpoints}) == 2
         self._max_concurrency = settings.max_concurrency
         self._timeout = aiohttp.ClientTimeout(total=settings.timeout_s)
         self._retries = settings.retries
@@ -173,12 +179,18 @@ class EndpointPool:
         start = self._rr
         self._rr = (start + 1) % n
         best = None
-        for k in range(n):
-            ep = eps[(start + k) % n]
-            if ep is avoid or ep.down_until > now:
-                continue
-            if best is None or ep.load < best.load:
-                best = ep
+        for local_only in (True, False) if self._has_remote else (False,):
+            # Servers on this node first while they have room; the others are the fall-back.
+            for k in range(n):
+                ep = eps[(start + k) % n]
+                if ep is avoid or ep.down_until > now:
+                    continue
+                if local_only and not (ep.local and ep.load < self._max_concurrency):
+                    continue
+                if best is None or ep.load < best.load:
+                    best = ep
+            if best is not None:
+                break
         if best is None:  # everything is down or avoided: try the one back soonest
             others = [ep for ep in eps if ep is not avoid] or eps
             best = min(others, key=lambda ep: ep.down_until)

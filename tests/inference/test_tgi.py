@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import time
 
 import aiohttp
 import pytest
@@ -306,3 +307,20 @@ def test_stub_follows_the_tgi_contract():
     assert info["max_concurrent_requests"] == 128 and "model_id" in info
     assert missing[0] == 422 and missing[1]["error_type"] == "validation"
     assert top_p == (422, {"error": "`top_p` must be > 0.0 and < 1.0", "error_type": "validation"})
+
+
+def test_a_worker_prefers_the_server_on_its_own_node_and_falls_back():
+    """Requests go to this node's server while it has room; another node's server only
+    takes the overflow (here: the local one has max_concurrency 1 and 8 requests come)."""
+    from simpipe.inference.http import EndpointPool
+
+    pool = EndpointPool(TgiSettings(endpoints=["http://127.0.0.1:1", "http://10.255.255.1:1"],
+                                    max_concurrency=1))
+    local, remote = pool._endpoints
+    assert local.local and not remote.local
+    assert pool._pick(None) is local
+    local.load = 1  # saturated: the remote server takes the next request
+    assert pool._pick(None) is remote
+    local.load = 0
+    local.down_until = time.monotonic() + 60  # down: the remote server again
+    assert pool._pick(None) is remote
