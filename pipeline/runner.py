@@ -12,6 +12,8 @@ dataframe optimizer may fuse small Parquet files into one partition, and the out
 
 from __future__ import annotations
 
+import os
+import socket
 import time
 import uuid
 from collections.abc import Iterator
@@ -80,7 +82,9 @@ def run_simulation(config: Config, *, resume: bool = False, force: bool = False,
             if dask_client.dashboard_link:
                 console.line(f"Dask dashboard: {dask_client.dashboard_link}")
             console.line(f"Watch it in the browser: simpipe ui --results {config.run.output_dir}")
-            ledger.set_state("running", scheduler=dask_client.scheduler.address)
+            # pid and host let a watcher (simpipe ui) tell a live run from a dead one.
+            ledger.set_state("running", scheduler=dask_client.scheduler.address,
+                             pid=os.getpid(), host=socket.gethostname())
             result = _run_rounds(dask_client, config, paths, ledger, console)
     except RunCancelled:
         ledger.set_state("interrupted")

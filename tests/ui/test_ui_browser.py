@@ -1,0 +1,292 @@
+"""The manager page in headless Debian Chromium (Playwright, never a downloaded browser):
+runs list numbers, a live run advancing without reload, cancel + resume from the page,
+delete after confirmation, a SLURM cluster brought down; no console errors anywhere.
+Screenshots of each view go to test-artifacts/ui-*.png."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from conftest import small_config
+from simpipe.runner import run_simulation
+from uiserver import ServerThread
+
+pytestmark = [pytest.mark.browser]
+
+CHROMIUM = Path("/usr/bin/chromium")
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory, dask_client) -> Path:
+    root = tmp_path_factory.mktemp("ui-browser")
+    config = small_config(root, run={"name": "finished-run"},
+                          population={"size": 300, "partitions": 3}, game={"rounds": 4})
+    run_simulation(config, client=dask_client)
+    return root / "results"
+
+
+@pytest.fixture(scope="module")
+def server(results) -> Iterator[ServerThread]:
+    with ServerThread(results) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    if not CHROMIUM.exists():
+        pytest.skip("Debian chromium is not installed (.ci/system-deps installs it)")
+    from playwright.sync_api import sync_playwright  # noqa: PLC0415
+
+    with sync_playwright() as pw:
+        # Playwright owns --user-data-dir: a persistent context in a fresh folder passes it.
+        context = pw.chromium.launch_persistent_context(
+            str(tmp_path_factory.mktemp("chromium-profile")), executable_path=str(CHROMIUM),
+            headless=True, viewport={"width": 1360, "height": 1000}, args=ARGS)
+        try:
+            yield context
+        finally:
+            context.close()
+
+
+@pytest.fixture
+def page(browser):
+    """A fresh tab that records every console error and uncaught exception."""
+    tab = browser.new_page()
+    tab.errors = []
+    tab.on("console", lambda m: tab.errors.append(m.text) if m.type == "error" else None)
+    tab.on("pageerror", lambda exc: tab.errors.append(str(exc)))
+    yield tab
+    errors = list(tab.errors)
+    tab.close()
+    assert errors == [], errors
+
+
+def shot(page, name: str) -> None:
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / f"ui-{name}.png"), full_page=True)
+
+
+def cell(page, run: str, col: str) -> str:
+    return page.inner_text(f'tr[data-run="{run}"] td[data-col="{col}"]')
+
+
+def number(text: str) -> int:
+    return int(text.replace(",", ""))
+
+
+def test_runs_view_shows_a_finished_run_with_the_parquet_numbers(server, results, page):
+    page.goto(f"{server.url}/#/runs")
+    page.wait_for_selector('tr[data-run="finished-run"]')
+    rounds = pd.read_parquet(results / "finished-run" / "rounds", columns=["status", "tokens_in"])
+    counts = rounds["status"].value_counts()
+    assert page.get_attribute('tr[data-run="finished-run"]', "data-state") == "finished"
+    assert cell(page, "finished-run", "rounds") == "4/4"
+    assert number(cell(page, "finished-run", "agents")) == 300
+    for col in ("ok", "unparsed", "out_of_range", "error"):
+        assert number(cell(page, "finished-run", col)) == int(counts.get(col, 0)), col
+    assert number(cell(page, "finished-run", "tokens_in")) == int(rounds["tokens_in"].sum())
+    shot(page, "runs")
+
+    page.click('a[href="#/runs/finished-run"]')
+    page.wait_for_selector("#chart-rounds circle")
+    summary = pd.read_parquet(results / "finished-run" / "summary.parquet")
+    table = page.eval_on_selector_all("#rounds-table tbody tr",
+                                      "rows => rows.map(r => r.children[6].textContent)")
+    assert table == [f"{m:.2f}" for m in summary.sort_values("round")["mean"]]
+    # Three series (mean, target, winning) of four rounds, and the histogram's bars.
+    assert page.locator("#chart-rounds circle").count() == 12
+    assert page.locator("#chart-hist rect").count() == 20
+    shot(page, "run")
+
+
+def _write_config(path: Path, results: Path, name: str) -> Path:
+    path.write_text(f"""
+[run]
+name = "{name}"
+seed = 7
+output_dir = "{results}"
+[population]
+size = 400
+partitions = 4
+[game]
+rounds = 3
+[agents]
+backend = "scripted"
+[cluster]
+kind = "local"
+workers = 1
+threads_per_worker = 1
+dashboard_address = ""
+""", encoding="utf-8")
+    return path
+
+
+def _simpipe_run(config: Path, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "simpipe.cli", "run", str(config), *extra,
+                             "--set", "agents.scripted.latency_s=0.8"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+class LedgerWatch(threading.Thread):
+    """When each round's record first appears in run.json (its mtime), to time the page."""
+
+    def __init__(self, ledger: Path) -> None:
+        super().__init__(daemon=True)
+        self.ledger, self.rounds, self.done = ledger, {}, threading.Event()
+
+    def run(self) -> None:
+        while not self.done.is_set():
+            try:
+                data = json.loads(self.ledger.read_text(encoding="utf-8"))
+                mtime = self.ledger.stat().st_mtime
+            except (OSError, ValueError):
+                time.sleep(0.01)
+                continue
+            for r, rec in data.get("rounds", {}).items():
+                if rec.get("complete") and int(r) not in self.rounds:
+                    self.rounds[int(r)] = mtime
+            time.sleep(0.01)
+
+
+OBSERVE = """() => {
+  window.__noReload = true;
+  window.__seen = {};
+  window.__progress = [];
+  const box = document.getElementById('run-view');
+  let last = box.dataset.roundsDone;  // only changes seen from here on are timed
+  new MutationObserver(() => {
+    const r = box.dataset.roundsDone;
+    if (r !== last && !(r in window.__seen)) window.__seen[r] = Date.now();
+    last = r;
+    const p = box.dataset.partitionsDone;
+    if (p && window.__progress[window.__progress.length - 1] !== p) window.__progress.push(p);
+  }).observe(box, {attributes: true});
+}"""
+
+
+def test_live_run_advances_then_cancel_and_resume(server, results, page, tmp_path):
+    config = _write_config(tmp_path / "live.toml", results, "live")
+    proc = _simpipe_run(config)
+    watch = LedgerWatch(results / "live" / "run.json")
+    watch.start()
+    resumed = None
+    try:
+        page.goto(f"{server.url}/#/runs")
+        page.wait_for_selector('tr[data-run="live"][data-state="running"]', timeout=90_000)
+        page.click('a[href="#/runs/live"]')
+        page.wait_for_selector("#run-view[data-state]")
+        page.evaluate(OBSERVE)
+        # Progress inside round 2 shown on the page, with no reload in between.
+        page.wait_for_function("() => (window.__seen['1'] !== undefined) && "
+                               "window.__progress.some(p => p.startsWith('1:') && p !== '1:0')",
+                               timeout=90_000)
+        shot(page, "run-live")
+        page.click("#cancel-run")
+        page.click("#confirm-yes")
+        out, _ = proc.communicate(timeout=120)
+        assert proc.returncode == 3, out  # RunCancelled: stopped cleanly, resumable
+        ledger = json.loads((results / "live" / "run.json").read_text())
+        assert ledger["state"] == "interrupted" and len(ledger["rounds"]) < 3
+        page.wait_for_selector('#run-view[data-state="interrupted"]', timeout=10_000)
+        progress = page.evaluate("window.__progress")
+        assert len(progress) >= 2, progress  # it advanced while we watched
+        assert page.evaluate("window.__noReload") is True
+
+        resumed = _simpipe_run(config, "--resume")
+        out, _ = resumed.communicate(timeout=180)
+        assert resumed.returncode == 0, out
+        page.wait_for_selector('#run-view[data-state="finished"]', timeout=10_000)
+        assert page.get_attribute("#run-view", "data-rounds-done") == "3"
+        assert page.evaluate("window.__noReload") is True
+        seen = page.evaluate("window.__seen")
+    finally:
+        watch.done.set()
+        for p in (proc, resumed):
+            if p and p.poll() is None:
+                p.kill()
+                p.wait()
+    rounds = pd.read_parquet(results / "live" / "rounds", columns=["agent_id", "round"])
+    assert rounds.groupby("round", observed=True).size().tolist() == [400, 400, 400]
+    latencies = {r: seen[str(r + 1)] / 1000 - t for r, t in watch.rounds.items()
+                 if str(r + 1) in seen}
+    print("\nUI update latency (round record written -> page shows it), seconds: "
+          + ", ".join(f"round {r + 1}: {v:.2f}" for r, v in sorted(latencies.items())))
+    assert latencies
+
+
+def test_actions_view_deletes_a_run_after_confirmation(server, results, page):
+    shutil.copytree(results / "finished-run", results / "scratch")
+    page.goto(f"{server.url}/#/actions")
+    button = 'button[data-action="delete"][data-run="scratch"]'
+    page.wait_for_selector(button)
+    shot(page, "actions")
+    page.click(button)
+    assert page.is_disabled("#confirm-yes")  # until the name is typed
+    page.fill("#confirm-input", "scratch")
+    page.click("#confirm-yes")
+    page.wait_for_selector(button, state="detached", timeout=15_000)
+    assert not (results / "scratch").exists() and (results / "finished-run").exists()
+    # The clusters view renders (no console errors) even without any cluster or SLURM.
+    page.click('a[data-nav="clusters"]')
+    page.wait_for_selector("#clusters > *")
+
+
+def _squeue(prefix: str) -> list[str]:
+    out = subprocess.run(["squeue", "-h", "-o", "%i %j"], capture_output=True, text=True,
+                         check=False).stdout
+    return [line.split()[0] for line in out.splitlines() if line.split()[1].startswith(prefix)]
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_cluster_brought_down_from_the_page(server, page, tmp_path, monkeypatch):
+    from simpipe.cluster import lifecycle, slurm  # noqa: PLC0415
+
+    problem = slurm.controller_problem(timeout=10)
+    if problem:
+        pytest.skip(f"no SLURM controller ({problem}); run `bash cluster/local-slurm.sh up`")
+    monkeypatch.setenv("SIMPIPE_HOME", str(tmp_path / "home"))
+    name = f"ui{os.getpid()}"
+    config = tmp_path / "cluster.toml"
+    config.write_text(f"""
+[cluster]
+kind = "slurm"
+jobs = 1
+cores = 1
+memory = "1GB"
+walltime = "00:15:00"
+interface = "lo"
+dashboard_address = ""
+log_directory = "{tmp_path / 'logs'}"
+""", encoding="utf-8")
+    try:
+        up = subprocess.run([sys.executable, "-m", "simpipe.cli", "cluster", "up", str(config),
+                             "--name", name], capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "SIMPIPE_HOME": str(tmp_path / "home")})
+        assert up.returncode == 0, up.stdout + up.stderr
+        assert _squeue(f"simpipe-{name}-")
+        page.goto(f"{server.url}/#/clusters")
+        page.wait_for_selector(f'table[data-jobs="{name}"] tbody tr', timeout=60_000)
+        shot(page, "clusters")
+        page.click(f'[data-cluster="{name}"] button[data-action="down"]')
+        page.click("#confirm-yes")
+        page.wait_for_selector("#toast >> text=is down", timeout=120_000)
+        assert _squeue(f"simpipe-{name}-") == []
+        assert not (tmp_path / "home" / "clusters" / f"{name}.json").exists()
+    finally:
+        lifecycle.down(name)  # no-op when the page already did it
+        assert _squeue(f"simpipe-{name}-") == []
