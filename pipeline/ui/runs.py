@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 import pyarrow.dataset as ds
 
+from simpipe.cluster.state import pid_alive
 from simpipe.layout import RunPaths
 from simpipe.ui.security import safe_child
 
@@ -79,16 +80,6 @@ def version(files: RunFiles) -> tuple:
 
 # --- state ------------------------------------------------------------------------------------
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _last_activity(paths: RunPaths, ledger: dict[str, Any]) -> float:
     """Newest mtime among the files a live run keeps touching."""
     progress = ledger.get("progress") or {}
@@ -113,7 +104,7 @@ def effective_state(paths: RunPaths, ledger: dict[str, Any],
         return state, None
     pid, host = ledger.get("pid"), ledger.get("host")
     if isinstance(pid, int) and host == socket.gethostname():
-        if not _pid_alive(pid):
+        if not pid_alive(pid):
             return "interrupted", f"its process {pid} is gone"
         return state, None
     now = time.time() if now is None else now

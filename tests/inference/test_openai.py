@@ -4,17 +4,12 @@
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
-import socket
-import subprocess
-import sys
-import threading
 
 import pytest
 from simpipe.inference.base import GenerationRequest, OutputConstraint
 from simpipe.inference.openai_compat import OpenAIBackend
 from simpipe.inference.settings import OpenAISettings
+from simpipe.inference.server_process import ServerProcess
 from simpipe.inference.stub_server import StubServer
 
 GBNF = 'root ::= "100" | [1-9] [0-9] | [0-9]'
@@ -125,63 +120,10 @@ def test_400_is_not_retried_and_keeps_the_message():
 
 # --- real llama.cpp servers -------------------------------------------------------------------
 
-READY = "simpipe-llamacpp-server listening on"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class LlamaServer:
-    def __init__(self, parallel: int = 4, start_timeout_s: float = 300.0) -> None:
-        port = _free_port()
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "simpipe.inference.llamacpp_server",
-                "--port",
-                str(port),
-                "--parallel",
-                str(parallel),
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-        )
-        line = _readline(self.proc, start_timeout_s)
-        if READY not in line:
-            self.stop()
-            pytest.fail(f"llama.cpp server did not start: {line!r}")
-        self.url = line.split()[-1]
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        if self.proc.stdout:
-            self.proc.stdout.close()
-
-
-def _readline(proc: subprocess.Popen, timeout_s: float) -> str:
-    out: list[str] = []
-    reader = threading.Thread(target=lambda: out.append(proc.stdout.readline()), daemon=True)
-    reader.start()
-    reader.join(timeout_s)
-    return out[0] if out else ""
-
-
 @pytest.fixture(scope="module")
 def llama():
-    server = LlamaServer()
-    yield server
-    server.stop()
+    with ServerProcess(parallel=4) as server:
+        yield server
 
 
 def _backend(*urls: str, **opts) -> OpenAIBackend:
@@ -263,7 +205,7 @@ def test_chat_completions(llama):
 @pytest.mark.slow
 @pytest.mark.llm
 def test_a_server_killed_mid_batch_is_failed_over(llama):
-    doomed = LlamaServer()
+    doomed = ServerProcess(parallel=4)
 
     async def go():
         backend = _backend(doomed.url, llama.url, retries=4)
@@ -280,7 +222,7 @@ def test_a_server_killed_mid_batch_is_failed_over(llama):
             while counters[doomed.url].requests == 0:
                 await asyncio.sleep(0.02)
             await asyncio.sleep(0.3)
-            os.kill(doomed.proc.pid, signal.SIGKILL)
+            doomed.kill()
             return await task, backend.counters()
         finally:
             await backend.aclose()
