@@ -81,11 +81,21 @@ def resolve_model_path(settings: LlamaCppSettings) -> Path:
 
 
 def default_threads() -> int:
-    """Cores this process may run on (the thread budget when none is configured)."""
+    """The thread budget when none is configured: the Dask worker's ``nthreads`` inside a
+    worker (several worker processes share the cores), else every core this process may
+    run on. Oversubscribing hurts llama.cpp badly: its threads spin-wait on each other, so
+    a preempted thread stalls every step (see the benchmark notes)."""
     try:
-        return len(os.sched_getaffinity(0))
+        cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
+        cores = os.cpu_count() or 1
+    try:
+        from distributed import get_worker
+
+        worker_threads = get_worker().state.nthreads
+    except (ImportError, ValueError, AttributeError):  # ValueError: not in a worker
+        return cores
+    return max(1, min(cores, int(worker_threads)))
 
 
 def build_params(
@@ -121,13 +131,14 @@ def build_params(
     return params
 
 
-def _payload(req: GenerationRequest) -> tuple[bool, dict]:
+def request_body(req: GenerationRequest, cache_prompt: bool) -> tuple[bool, dict]:
     """(is_chat, the OpenAI-style body llama.cpp takes) for one request."""
     body: dict[str, Any] = {
         "max_tokens": req.max_tokens,
         "temperature": req.temperature,
         "top_p": req.top_p,
         "seed": req.seed,
+        "cache_prompt": cache_prompt,
     }
     if req.stop:
         body["stop"] = list(req.stop)
@@ -196,6 +207,10 @@ class LlamaCppBackend(Backend):
             max_workers=settings.n_parallel, thread_name_prefix="llamacpp"
         )
         self._counters = EndpointCounters()
+        # Same seed -> same text holds only with one slot and no prompt cache: llama.cpp's
+        # numerics depend on which sequences share a batch, and a reused cached prefix was
+        # computed in another batch. With several slots the cache is a free speed-up.
+        self._cache_prompt = settings.n_parallel > 1
 
     @property
     def listening_address(self) -> str:
@@ -218,9 +233,12 @@ class LlamaCppBackend(Backend):
         return _to_result(response, is_chat, time.perf_counter() - start)
 
     async def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
+        if self._server is None:
+            return [_error("the llama.cpp back-end is closed", 0.0) for _ in requests]
         loop = asyncio.get_running_loop()
         futures = [
-            loop.run_in_executor(self._pool, self._call, *_payload(req)) for req in requests
+            loop.run_in_executor(self._pool, self._call, *request_body(req, self._cache_prompt))
+            for req in requests
         ]
         results = list(await asyncio.gather(*futures))
         c = self._counters

@@ -1,0 +1,106 @@
+"""LLM agents end to end: the real Gemma model, in a Dask worker and behind a real
+llama.cpp HTTP server."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import numpy as np
+import pytest
+from conftest import small_config
+from distributed import Client, LocalCluster
+
+from simpipe.console import Console
+from simpipe.inference.server_process import ServerProcess
+from simpipe.layout import RunPaths
+from simpipe.results import read_ledger, read_rounds, read_summary
+from simpipe.runner import run_simulation
+
+pytestmark = [pytest.mark.llm, pytest.mark.slow]
+QUIET = Console(quiet=True)
+
+
+@pytest.fixture(scope="module")
+def llm_client():
+    # One worker: one model copy, llama.cpp uses both cores inside it.
+    with LocalCluster(n_workers=1, threads_per_worker=2, processes=True,
+                      dashboard_address=None, silence_logs=logging.ERROR) as cluster:
+        with Client(cluster) as client:
+            yield client
+
+
+def llm_config(tmp_path, **sections):
+    base = {"population": {"size": 16, "partitions": 2},
+            "game": {"rounds": 2},
+            "agents": {"backend": "llamacpp", "max_tokens": 4,
+                       "llamacpp": {"n_parallel": 8}}}
+    for name, values in sections.items():
+        base.setdefault(name, {}).update(values)
+    return small_config(tmp_path, **base)
+
+
+def test_embedded_model_plays_two_rounds_with_memory(llm_client, tmp_path):
+    config = llm_config(tmp_path / "a")
+    run_simulation(config, client=llm_client, console=QUIET)
+    rows = read_rounds(config.run_dir)
+    assert rows.groupby("round").size().tolist() == [16, 16]
+    ok = rows["status"] == "ok"
+    assert ok.mean() >= 0.9  # the grammar admits only numbers in range
+    assert rows.loc[ok, "guess"].between(0, 100).all()
+    assert rows.loc[~ok, "status"].isin(["unparsed", "out_of_range", "error"]).all()
+    assert rows["raw"].notna().all() and (rows["tokens_out"] > 0).all()
+    # Round 2 prompts carry each agent's own answer and the announced winning number.
+    by_round = rows.groupby("round")["tokens_in"].mean()
+    assert by_round[1] > by_round[0] + 10
+    summary = read_summary(config.run_dir)
+    assert summary["n_valid"].sum() == ok.sum()
+    ledger = read_ledger(config.run_dir)
+    assert ledger["endpoints"]["llamacpp"]["requests"] == 32
+
+
+def test_same_seed_gives_the_same_guesses(llm_client, tmp_path):
+    # Reproducible only one sequence at a time: batched decoding in llama.cpp depends on
+    # which sequences share a batch (ggml-org/llama.cpp#7052), so n_parallel = 1 here.
+    one_slot = {"backend": "llamacpp", "llamacpp": {"n_parallel": 1}}
+    a = llm_config(tmp_path / "a", game={"rounds": 1}, agents=one_slot)
+    b = llm_config(tmp_path / "b", game={"rounds": 1}, agents=one_slot)
+    run_simulation(a, client=llm_client, console=QUIET)
+    run_simulation(b, client=llm_client, console=QUIET)
+    ga, gb = read_rounds(a.run_dir), read_rounds(b.run_dir)
+    np.testing.assert_array_equal(ga["raw"].to_numpy(), gb["raw"].to_numpy())
+
+
+def test_openai_backend_survives_a_server_killed_mid_round(tmp_path):
+    with ServerProcess(parallel=2) as first, ServerProcess(parallel=2) as second:
+        config = llm_config(
+            tmp_path, population={"size": 24, "partitions": 4}, game={"rounds": 1},
+            agents={"backend": "openai",
+                    "openai": {"endpoints": [first.url, second.url], "max_concurrency": 2,
+                               "retries": 3, "backoff_s": 0.05, "timeout_s": 60}},
+        )
+        paths = RunPaths(config.run_dir)
+
+        def kill_after_first_partition() -> None:
+            while not (paths.round_dir(0).exists() and any(paths.round_dir(0).glob("part-*"))):
+                time.sleep(0.02)
+            first.kill()
+
+        killer = threading.Thread(target=kill_after_first_partition, daemon=True)
+        killer.start()
+        with LocalCluster(n_workers=1, threads_per_worker=2, dashboard_address=None,
+                          silence_logs=logging.ERROR) as cluster, Client(cluster) as client:
+            run_simulation(config, client=client, console=QUIET)
+        killer.join(timeout=5)
+        assert first.proc.poll() is not None  # it really was killed mid-round
+
+    rows = read_rounds(config.run_dir)
+    assert len(rows) == 24 and rows["agent_id"].is_unique
+    assert set(rows["status"]) <= {"ok", "error", "unparsed", "out_of_range"}
+    assert (rows["status"] == "ok").sum() >= 20  # the survivor served the rest
+    endpoints = read_ledger(config.run_dir)["endpoints"]
+    assert set(endpoints) == {first.url, second.url} or len(endpoints) == 2
+    survivor = max(endpoints.values(), key=lambda c: c["requests"])
+    assert survivor["errors"] == 0
+    assert sum(c["requests"] for c in endpoints.values()) >= 24
