@@ -1,15 +1,33 @@
-"""``[population]``: how many agents, how they are split, and their attributes."""
+"""``[population]``: how many agents, how they are split, their attributes and personas."""
 
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from simpipe.personas.templates import default_template, template_fields
+
+DEFAULT_ROW = "default"  # the `values_given` row for parent labels without their own row
+RESERVED_COLUMNS = frozenset(
+    {"agent_id", "persona", "persona_source", "group_id", "round", "guess", "status"}
+)
 
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _check_weights(values: dict[str, float]) -> dict[str, float]:
+    if not values:
+        raise ValueError("needs at least one label, e.g. values = { \"a\" = 1.0 }")
+    bad = {k: w for k, w in values.items() if not (w >= 0 and math.isfinite(w))}
+    if bad:
+        raise ValueError(f"weights must be finite and >= 0, got {bad}")
+    if sum(values.values()) <= 0:
+        raise ValueError("weights must not all be zero")
+    return values
 
 
 class CategoricalAttribute(_Section):
@@ -20,30 +38,106 @@ class CategoricalAttribute(_Section):
     @field_validator("values")
     @classmethod
     def _weights(cls, values: dict[str, float]) -> dict[str, float]:
-        if not values:
-            raise ValueError("needs at least one label, e.g. values = { \"a\" = 1.0 }")
-        bad = {k: w for k, w in values.items() if not (w >= 0 and math.isfinite(w))}
-        if bad:
-            raise ValueError(f"weights must be finite and >= 0, got {bad}")
-        if sum(values.values()) <= 0:
-            raise ValueError("weights must not all be zero")
-        return values
+        return _check_weights(values)
+
+    @property
+    def labels(self) -> list[str]:
+        return list(self.values)
 
 
 class IntegerAttribute(_Section):
-    """``min``/``max``: uniform integers, both ends included."""
+    """``min``/``max``: integers, both ends included; uniform, or a rounded normal
+    (``distribution = "normal"``, ``mean``, ``sd``) clipped to ``[min, max]``."""
 
     min: int
     max: int
+    distribution: Literal["uniform", "normal"] = "uniform"
+    mean: float | None = None
+    sd: float | None = Field(None, gt=0)
 
     @model_validator(mode="after")
     def _order(self) -> "IntegerAttribute":
         if self.min > self.max:
             raise ValueError(f"min ({self.min}) must be <= max ({self.max})")
+        if self.distribution == "normal":
+            if self.mean is None or self.sd is None:
+                raise ValueError('distribution = "normal" needs `mean` and `sd` (> 0)')
+            if not self.min <= self.mean <= self.max:
+                raise ValueError(f"mean ({self.mean}) must lie in [min, max] = "
+                                 f"[{self.min}, {self.max}]")
+        elif self.mean is not None or self.sd is not None:
+            raise ValueError('`mean`/`sd` need distribution = "normal"')
         return self
 
 
-Attribute = CategoricalAttribute | IntegerAttribute
+class ConditionalAttribute(_Section):
+    """A categorical attribute whose weights depend on another attribute's label:
+    ``given = "education"`` and ``values_given = { parent label = { label = weight } }``,
+    with an optional ``default`` row for parent labels without their own."""
+
+    given: str
+    values_given: dict[str, dict[str, float]]
+
+    @field_validator("values_given")
+    @classmethod
+    def _rows(cls, rows: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+        if not rows:
+            raise ValueError("needs at least one row, e.g. { \"Ph.D.\" = { \"Economist\" = 1 } }")
+        for parent, row in rows.items():
+            try:
+                _check_weights(row)
+            except ValueError as exc:
+                raise ValueError(f"row {parent!r}: {exc}") from None
+        return rows
+
+    @property
+    def labels(self) -> list[str]:
+        """Every label of every row, in first-seen order (the column's categories)."""
+        seen: dict[str, None] = {}
+        for row in self.values_given.values():
+            seen.update(dict.fromkeys(row))
+        return list(seen)
+
+    def row(self, parent_label: str) -> dict[str, float]:
+        return self.values_given.get(parent_label, self.values_given.get(DEFAULT_ROW, {}))
+
+
+Attribute = CategoricalAttribute | IntegerAttribute | ConditionalAttribute
+LabelledAttribute = CategoricalAttribute | ConditionalAttribute
+
+
+def attribute_labels(spec: Attribute) -> list[str] | None:
+    """The labels a categorical (or conditional) attribute can take; None for numbers."""
+    return spec.labels if isinstance(spec, LabelledAttribute) else None
+
+
+class PersonaConfig(_Section):
+    """``[population.persona]``: the text each agent's prompt carries about itself."""
+
+    mode: Literal["none", "template", "llm"] = "none"
+    # A str.format template over attribute names; None: one built from every attribute.
+    # In "llm" mode it is the fallback for generations that fail validation.
+    template: str | None = None
+    # --- "llm" mode: the meta-prompt and how its output is checked ---
+    max_tokens: int = Field(120, ge=8, le=4096)
+    temperature: float = Field(0.8, ge=0)
+    top_p: float = Field(0.95, gt=0, le=1)
+    retries: int = Field(2, ge=0, le=10)  # extra attempts (new seeds) before the fallback
+    min_chars: int = Field(40, ge=1)  # bounds on the generated description
+    max_chars: int = Field(600, ge=1)
+    # Attributes the output is checked against; None: "age" / "gender" when they exist.
+    age_attribute: str | None = None
+    gender_attribute: str | None = None
+    # Which back-end and model writes the personas, same keys as [agents]' back-end part
+    # (backend, llamacpp, tgi, openai); validated by simpipe.config. Empty: embedded llama.cpp.
+    agents: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _bounds(self) -> "PersonaConfig":
+        if self.min_chars > self.max_chars:
+            raise ValueError(f"min_chars ({self.min_chars}) must be <= max_chars "
+                             f"({self.max_chars})")
+        return self
 
 
 class PopulationConfig(_Section):
@@ -52,6 +146,7 @@ class PopulationConfig(_Section):
     partition_size: int | None = Field(None, ge=1)
     sampling: Literal["exact", "random"] = "exact"
     attributes: dict[str, Attribute] = Field(default_factory=dict)
+    persona: PersonaConfig = PersonaConfig()
 
     @field_validator("attributes", mode="before")
     @classmethod
@@ -61,13 +156,19 @@ class PopulationConfig(_Section):
             return raw
         out = {}
         for name, spec in raw.items():
-            if isinstance(spec, dict) and "values" in spec:
-                kind: type[BaseModel] = CategoricalAttribute
+            if isinstance(spec, BaseModel):
+                out[name] = spec
+                continue
+            if isinstance(spec, dict) and ("given" in spec or "values_given" in spec):
+                kind: type[BaseModel] = ConditionalAttribute
+            elif isinstance(spec, dict) and "values" in spec:
+                kind = CategoricalAttribute
             elif isinstance(spec, dict) and ("min" in spec or "max" in spec):
                 kind = IntegerAttribute
             else:
                 raise ValueError(
-                    f"attribute {name!r} needs `values = {{label = weight}}` or `min`/`max`"
+                    f"attribute {name!r} needs `values = {{label = weight}}`, `min`/`max`, "
+                    "or `given` + `values_given`"
                 )
             try:
                 out[name] = kind.model_validate(spec)
@@ -80,10 +181,35 @@ class PopulationConfig(_Section):
     @field_validator("attributes")
     @classmethod
     def _reserved(cls, attrs: dict[str, Attribute]) -> dict[str, Attribute]:
-        reserved = {"agent_id", "persona", "group_id", "round", "guess", "status"}
-        clash = sorted(reserved & set(attrs))
+        clash = sorted(RESERVED_COLUMNS & set(attrs))
         if clash:
             raise ValueError(f"attribute names {clash} are reserved column names")
+        return attrs
+
+    @field_validator("attributes")
+    @classmethod
+    def _dependencies(cls, attrs: dict[str, Attribute]) -> dict[str, Attribute]:
+        for name, spec in attrs.items():
+            if not isinstance(spec, ConditionalAttribute):
+                continue
+            parent = attrs.get(spec.given)
+            if parent is None:
+                raise ValueError(f"{name}.given = {spec.given!r}: no such attribute; "
+                                 f"allowed: {sorted(set(attrs) - {name}) or 'none'}")
+            parent_labels = attribute_labels(parent)
+            if parent_labels is None:
+                raise ValueError(f"{name}.given = {spec.given!r}: must name a categorical "
+                                 "attribute (one with `values` or `values_given`)")
+            unknown = sorted(set(spec.values_given) - set(parent_labels) - {DEFAULT_ROW})
+            if unknown:
+                raise ValueError(f"{name}.values_given: rows {unknown} are not labels of "
+                                 f"{spec.given!r}; allowed: {parent_labels + [DEFAULT_ROW]}")
+            if DEFAULT_ROW not in spec.values_given:
+                missing = [p for p in parent_labels if p not in spec.values_given]
+                if missing:
+                    raise ValueError(f"{name}.values_given: no row for {spec.given} = "
+                                     f"{missing}; add them or a `{DEFAULT_ROW}` row")
+        sampling_order(attrs)  # raises on a cycle
         return attrs
 
     @model_validator(mode="after")
@@ -92,8 +218,67 @@ class PopulationConfig(_Section):
             raise ValueError("set population.partitions or population.partition_size, not both")
         return self
 
+    @model_validator(mode="after")
+    def _persona_names(self) -> "PopulationConfig":
+        persona = self.persona
+        allowed = ["agent_id", *self.attributes]
+        if persona.template is not None:
+            try:
+                fields = template_fields(persona.template)
+            except ValueError as exc:
+                raise ValueError(f"population.persona.template: {exc}") from None
+            unknown = [f for f in fields if f not in allowed]
+            if unknown:
+                raise ValueError(f"population.persona.template: placeholders {unknown} name no "
+                                 f"attribute; allowed: {allowed}")
+        for key in ("age_attribute", "gender_attribute"):
+            name = getattr(persona, key)
+            if name is not None and name not in self.attributes:
+                raise ValueError(f"population.persona.{key} = {name!r}: no such attribute; "
+                                 f"allowed: {sorted(self.attributes) or 'none'}")
+        return self
+
     @property
     def n_partitions(self) -> int:
         if self.partition_size is not None:
             return max(1, math.ceil(self.size / self.partition_size))
         return min(self.partitions or 8, self.size)
+
+    @property
+    def persona_template(self) -> str:
+        """The template in use: the configured one, else one naming every attribute."""
+        return self.persona.template or default_template(list(self.attributes))
+
+    def checked_attribute(self, kind: Literal["age", "gender"]) -> str | None:
+        """The attribute LLM personas are checked against for ``kind``, if any."""
+        name = getattr(self.persona, f"{kind}_attribute")
+        if name is not None:
+            return name
+        return kind if kind in self.attributes else None
+
+
+def sampling_order(attrs: dict[str, Attribute]) -> list[str]:
+    """Attribute names with every parent before its children (config order otherwise).
+
+    Raises ValueError naming the cycle when the ``given`` links loop.
+    """
+    order: list[str] = []
+    state: dict[str, int] = {}  # 1: on the current path, 2: placed
+
+    def visit(name: str, path: list[str]) -> None:
+        if state.get(name) == 2:
+            return
+        if state.get(name) == 1:
+            cycle = path[path.index(name):] + [name]
+            raise ValueError(f"attributes depend on each other in a cycle: "
+                             f"{' -> '.join(cycle)} (via `given`)")
+        state[name] = 1
+        spec = attrs[name]
+        if isinstance(spec, ConditionalAttribute) and spec.given in attrs:
+            visit(spec.given, [*path, name])
+        state[name] = 2
+        order.append(name)
+
+    for name in attrs:
+        visit(name, [])
+    return order

@@ -87,7 +87,7 @@ def raw_engine(requests: list[GenerationRequest], n_parallel: int, model_path: P
 
     server = xllamacpp.Server(build_params(model_path, n_parallel=n_parallel, n_ctx=0,
                                            threads=0))
-    bodies = [request_body(r)[1] for r in requests]
+    bodies = [request_body(r, cache_prompt=n_parallel > 1)[1] for r in requests]
 
     def call(body: dict) -> tuple[float, int]:
         start = time.perf_counter()

@@ -45,22 +45,26 @@ def main() -> None:
 @click.argument("config_path", metavar="CONFIG", type=click.Path(dir_okay=False))
 @click.option("--resume", is_flag=True, help="Continue an interrupted run with the same config.")
 @click.option("--force", is_flag=True, help="Replace an existing run directory.")
+@click.option("--cluster", "cluster_name", default=None, metavar="NAME",
+              help="Run on a cluster started with `simpipe cluster up` (its servers too).")
 @set_option
-def run(config_path: str, resume: bool, force: bool, overrides: tuple[str, ...]) -> None:
+def run(config_path: str, resume: bool, force: bool, cluster_name: str | None,
+        overrides: tuple[str, ...]) -> None:
     """Run the simulation described by CONFIG."""
+    from simpipe.cli_cluster import prepared_run_config  # noqa: PLC0415
     from simpipe.cluster.connect import ClusterError  # noqa: PLC0415 - keep startup light
     from simpipe.ledger import RunDirError  # noqa: PLC0415
     from simpipe.runner import RunCancelled, run_simulation  # noqa: PLC0415
 
-    config = _load(config_path, overrides)
     if resume and force:
         _fail("--resume and --force contradict each other: pick one")
-    try:
-        result = run_simulation(config, resume=resume, force=force)
-    except (RunDirError, ClusterError) as exc:
-        _fail(str(exc))
-    except RunCancelled:
-        sys.exit(3)
+    with prepared_run_config(config_path, overrides, cluster_name) as config:
+        try:
+            result = run_simulation(config, resume=resume, force=force)
+        except (RunDirError, ClusterError) as exc:
+            _fail(str(exc))
+        except RunCancelled:
+            sys.exit(3)
     click.echo(f"results: {result.run_dir}  ({result.wall_s:.1f} s)")
 
 
@@ -174,6 +178,19 @@ def bench_client(n_requests: int, concurrency: int) -> None:
     from simpipe.inference.client_bench import format_table, run_client_bench  # noqa: PLC0415
 
     click.echo(format_table(run_client_bench(n_requests, concurrency=concurrency)))
+
+
+from simpipe.report.cli import report_command  # noqa: E402 - light: click only
+main.add_command(report_command)
+
+from simpipe.cli_population import population_show  # noqa: E402 - light: click only
+population.add_command(population_show)
+
+from simpipe.cli_cluster import register as _register_cluster  # noqa: E402 - light: click only
+_register_cluster(main)
+
+from simpipe.ui.cli import ui_command  # noqa: E402 - light: click only
+main.add_command(ui_command)
 
 
 if __name__ == "__main__":

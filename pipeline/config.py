@@ -25,7 +25,7 @@ from simpipe.inference.settings import (
     SamplingSettings,
     TgiSettings,
 )
-from simpipe.personas.config import CategoricalAttribute, PopulationConfig
+from simpipe.personas.config import PopulationConfig, attribute_labels
 
 
 class ConfigError(ValueError):
@@ -84,28 +84,79 @@ class Config(_Section):
                     f"agents.scripted.depth_shift.{attr}: no such attribute; "
                     f"population.attributes has {sorted(attrs) or 'none'}"
                 )
-            spec = attrs[attr]
-            if isinstance(spec, CategoricalAttribute):
-                unknown = sorted(set(shifts) - set(spec.values))
+            labels = attribute_labels(attrs[attr])
+            if labels is not None:
+                unknown = sorted(set(shifts) - set(labels))
                 if unknown:
                     raise ValueError(
                         f"agents.scripted.depth_shift.{attr}: unknown labels {unknown}; "
-                        f"allowed: {sorted(spec.values)}"
+                        f"allowed: {sorted(labels)}"
                     )
         return self
 
+    @model_validator(mode="after")
+    def _persona_agents(self) -> "Config":
+        if self.population.persona.mode == "llm":
+            persona_agents_config(self.population.persona.agents)
+        return self
+
+    @property
+    def persona_agents(self) -> "AgentsConfig":
+        """The back-end that writes LLM personas (``population.persona.agents``)."""
+        return persona_agents_config(self.population.persona.agents)
+
     def results_hash(self) -> str:
         """Hash of everything that decides the results (not where or on what they run)."""
-        data = self.model_dump(mode="json", exclude={"cluster": True, "run": {"output_dir"}})
+        data = self.model_dump(mode="json", exclude={
+            "cluster": True, "run": {"output_dir"},
+            # Servers may move between a run and its --resume (a new `cluster up`).
+            "agents": {"tgi": {"endpoints"}, "openai": {"endpoints"}},
+        })
         return _digest(data)
 
     def population_hash(self) -> str:
-        """Hash of what decides the population: its spec and the seed."""
-        return _digest({"seed": self.run.seed, "population": self.population.model_dump(mode="json")})
+        """Hash of what decides the population: its spec and the seed, and for LLM personas
+        the generator model and the meta-prompt wording."""
+        # The generator enters as its model identity, not its endpoints or slot counts.
+        spec = self.population.model_dump(mode="json", exclude={"persona": {"agents"}})
+        data: dict[str, Any] = {"seed": self.run.seed, "population": spec}
+        if self.population.persona.mode == "llm":
+            from simpipe.persona_build import generator_identity  # noqa: PLC0415 - no cycle
+            from simpipe.personas.meta_prompt import prompt_hash  # noqa: PLC0415
+
+            data["persona_generator"] = generator_identity(self.persona_agents)
+            data["persona_prompt"] = prompt_hash()
+        return _digest(data)
 
     @property
     def run_dir(self) -> Path:
         return Path(self.run.output_dir) / self.run.name
+
+
+_PERSONA_AGENT_KEYS = ("backend", "llamacpp", "tgi", "openai")
+
+
+def persona_agents_config(raw: dict[str, Any]) -> AgentsConfig:
+    """``population.persona.agents`` as an AgentsConfig (default: embedded llama.cpp).
+
+    Only the back-end part of ``[agents]`` belongs here: sampling for personas is set in
+    ``population.persona`` itself. Raises ValueError naming the key."""
+    key = "population.persona.agents"
+    unknown = sorted(set(raw) - set(_PERSONA_AGENT_KEYS))
+    if unknown:
+        raise ValueError(f"unknown key {key}.{unknown[0]}; allowed here: "
+                         f"{', '.join(_PERSONA_AGENT_KEYS)} (sampling: population.persona."
+                         "temperature, top_p, max_tokens)")
+    try:
+        agents = AgentsConfig.model_validate({"backend": "llamacpp", **raw})
+    except ValidationError as exc:
+        err = exc.errors(include_url=False)[0]
+        where = ".".join([key, *map(str, err["loc"])])
+        raise ValueError(f"{where}: {err['msg']}") from None
+    if agents.backend == "scripted":
+        raise ValueError(f"{key}.backend = 'scripted': personas need an LLM; "
+                         "allowed: llamacpp, tgi, openai")
+    return agents
 
 
 def _digest(data: Any) -> str:
@@ -162,7 +213,8 @@ def _error_lines(exc: ValidationError, raw: dict) -> list[str]:
     for err in exc.errors(include_url=False):
         loc = [str(p) for p in err["loc"] if not str(p).startswith(("function-", "tagged-union"))]
         # Pydantic names union members in the location; they mean nothing to a user.
-        loc = [p for p in loc if p not in ("CategoricalAttribute", "IntegerAttribute")]
+        loc = [p for p in loc if p not in ("CategoricalAttribute", "IntegerAttribute",
+                                            "ConditionalAttribute")]
         key = ".".join(loc) or "(top level)"
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":

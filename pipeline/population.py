@@ -4,45 +4,65 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
+import pyarrow.parquet as pq
 from distributed import Client, as_completed
 
-from simpipe.config import Config
+from simpipe.config import AgentsConfig, Config
 from simpipe.files import remove_stale_temps, write_json_atomic, write_parquet_atomic
 from simpipe.layout import RunPaths, part_name, population_cache
+from simpipe.persona_build import BackendFactory, PersonaStats, add_personas, generator_identity
 from simpipe.personas.config import PopulationConfig
+from simpipe.personas.meta_prompt import prompt_hash
 from simpipe.personas.sampling import sample_partition
 
 SPEC_FILE = "_population.json"  # leading "_": Parquet readers skip it
 
 
 def build_population_part(population: PopulationConfig, seed: int, partition: int,
-                          path: str) -> int:
-    """Worker task: sample one partition and write it, unless a previous build did."""
+                          path: str, persona_agents: AgentsConfig | None = None,
+                          backend_factory: BackendFactory | None = None) -> dict:
+    """Worker task: sample one partition, add its personas and write it, unless a previous
+    build did (the part file is the completion marker). Returns the persona step's stats."""
     out = Path(path)
-    if not out.exists():
-        write_parquet_atomic(sample_partition(population, seed, partition), out)
-    return partition
+    if out.exists():
+        return PersonaStats().as_dict()
+    frame = sample_partition(population, seed, partition)
+    frame, stats = add_personas(frame, population, seed, persona_agents, backend_factory)
+    write_parquet_atomic(frame, out)
+    return stats.as_dict()
 
 
 def ensure_population(client: Client, config: Config, paths: RunPaths,
-                      on_progress: Callable[[int, int], None] | None = None) -> Path:
-    """The run's ``population/`` directory, built (or reused from the cache) and complete."""
+                      on_progress: Callable[[int, int], None] | None = None,
+                      backend_factory: BackendFactory | None = None) -> Path:
+    """The run's ``population/`` directory, built (or reused from the cache) and complete.
+
+    ``backend_factory`` replaces the persona generator's back-end (tests inject one)."""
     cache = population_cache(Path(config.run.output_dir), config.population_hash())
     n = config.population.n_partitions
     remove_stale_temps(cache) if cache.exists() else None
     missing = [k for k in range(n) if not (cache / part_name(k)).exists()]
+    persona = config.population.persona
+    persona_agents = config.persona_agents if persona.mode == "llm" else None
+    build = {"partitions_built": len(missing), "llm_requests": 0, "tokens_out": 0,
+             "rejected": Counter()}
     if missing:
         futures = [
             client.submit(build_population_part, config.population, config.run.seed, k,
-                          str(cache / part_name(k)), key=f"population-{cache.name}-{k}", pure=False)
+                          str(cache / part_name(k)), persona_agents, backend_factory,
+                          key=f"population-{cache.name}-{k}", pure=False)
             for k in missing
         ]
         done = n - len(missing)
         for future in as_completed(futures):
-            future.result()
+            stats = future.result()
+            build["llm_requests"] += stats["llm_requests"]
+            build["tokens_out"] += stats["tokens_out"]
+            build["rejected"].update(stats["rejected"])
             done += 1
             if on_progress:
                 on_progress(done, n)
@@ -53,9 +73,31 @@ def ensure_population(client: Client, config: Config, paths: RunPaths,
         "n_partitions": n,
         "population": config.population.model_dump(mode="json"),
     }
+    if persona.mode != "none":
+        spec["persona"] = _persona_meta(config, cache, n, build)
     write_json_atomic(spec, cache / SPEC_FILE)
+    # The spec file is rewritten on every build: relink it so the run sees this one.
+    (paths.population / SPEC_FILE).unlink(missing_ok=True)
     _link_dir(cache, paths.population, [part_name(k) for k in range(n)] + [SPEC_FILE])
     return paths.population
+
+
+def _persona_meta(config: Config, cache: Path, n: int, build: dict) -> dict:
+    persona = config.population.persona
+    sources: Counter = Counter()
+    for k in range(n):
+        column = pq.read_table(cache / part_name(k), columns=["persona_source"]).column(0)
+        sources.update(column.to_pandas().value_counts().to_dict())
+    meta = {
+        "mode": persona.mode,
+        "template": config.population.persona_template,
+        "sources": {k: int(v) for k, v in sources.items() if v},
+        "this_build": {**build, "rejected": dict(build["rejected"])},
+    }
+    if persona.mode == "llm":
+        meta["generator"] = generator_identity(config.persona_agents)
+        meta["prompt_hash"] = prompt_hash()
+    return meta
 
 
 def _link_dir(src: Path, dst: Path, names: list[str]) -> None:
