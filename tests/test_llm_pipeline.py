@@ -9,7 +9,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import small_config
+from support import small_config
 from distributed import Client, LocalCluster
 
 from simpipe.console import Console

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import REPO, small_config
+from support import REPO, small_config
 
 from simpipe.games.beauty_contest import target_of
 from simpipe.layout import RunPaths

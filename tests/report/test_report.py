@@ -17,7 +17,7 @@ from simpipe.report.build import build_report
 from simpipe.report.reference import load_references
 from simpipe.report.tables import confidence_interval, rounds_to_equilibrium
 from simpipe.runner import run_simulation
-from conftest import small_config
+from support import small_config
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

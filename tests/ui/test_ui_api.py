@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
-from conftest import small_config
+from support import small_config
 from simpipe.cli import main
 from simpipe.runner import run_simulation
 from uiserver import ServerThread, raw_request

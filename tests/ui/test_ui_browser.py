@@ -18,7 +18,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from conftest import small_config
+from support import small_config
 from simpipe.runner import run_simulation
 from uiserver import ServerThread
 
