@@ -1,0 +1,75 @@
+"""``simpipe population show DIR``: a built population against the spec it was built from."""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+from pathlib import Path
+
+import click
+
+SPEC_FILE = "_population.json"
+
+
+def _population_dir(path: Path) -> Path | None:
+    """DIR may be a run directory, its ``population/`` or a cache entry."""
+    for candidate in (path, path / "population"):
+        if (candidate / SPEC_FILE).is_file():
+            return candidate
+    return None
+
+
+def _fail(message: str) -> None:
+    click.echo(f"error: {message}", err=True)
+    sys.exit(2)
+
+
+@click.command("show")
+@click.argument("directory", metavar="DIR", type=click.Path(exists=True, file_okay=False))
+@click.option("--samples", default=3, show_default=True, help="Sample personas to print.")
+def population_show(directory: str, samples: int) -> None:
+    """Counts per attribute (and per parent label) against the requested shares, a
+    chi-square p-value for random sampling, and a few sample personas."""
+    import numpy as np  # noqa: PLC0415 - keep `simpipe --help` light
+    import pandas as pd  # noqa: PLC0415
+    from pydantic import ValidationError  # noqa: PLC0415
+
+    from simpipe.personas.checks import attribute_report  # noqa: PLC0415
+    from simpipe.personas.config import ConditionalAttribute, PopulationConfig  # noqa: PLC0415
+
+    pop_dir = _population_dir(Path(directory))
+    if pop_dir is None:
+        _fail(f"{directory}: no {SPEC_FILE} here or in population/ (build it with "
+              "`simpipe population build CONFIG`)")
+    meta = json.loads((pop_dir / SPEC_FILE).read_text(encoding="utf-8"))
+    try:
+        config = PopulationConfig.model_validate(meta["population"])
+    except (KeyError, ValidationError) as exc:
+        _fail(f"{pop_dir / SPEC_FILE}: not a population spec this version reads ({exc})")
+    frame = pd.read_parquet(pop_dir)
+    click.echo(f"population {pop_dir}: {len(frame):,} agents in {meta.get('n_partitions')} "
+               f"partitions, sampling {config.sampling}, seed {meta.get('seed')}, "
+               f"hash {meta.get('population_hash')}")
+    fmt = {"share": "{:.4f}".format, "requested": "{:.4f}".format}
+    for name, spec in config.attributes.items():
+        table, p = attribute_report(frame, config, name)
+        given = f" given {spec.given}" if isinstance(spec, ConditionalAttribute) else ""
+        test = "" if p is None else f"  chi-square p = {p:.4g}"
+        click.echo(f"\n{name}{given}{test}")
+        click.echo(table.to_string(index=False, formatters=fmt,
+                                   float_format=lambda v: f"{v:.2f}"))
+    persona = meta.get("persona")
+    if persona:
+        click.echo(f"\npersonas: mode {persona['mode']}, sources {persona.get('sources')}")
+        if persona.get("generator"):
+            click.echo(f"generator {persona['generator']}, prompt hash {persona['prompt_hash']}")
+    if "persona" in frame and samples > 0:
+        rng = np.random.default_rng(0)
+        picks = np.sort(rng.choice(len(frame), size=min(samples, len(frame)), replace=False))
+        click.echo("\nsample personas:")
+        for i in picks:
+            row = frame.iloc[int(i)]
+            source = row.get("persona_source", "")
+            click.echo(f"- agent {row['agent_id']} ({source}):")
+            click.echo(textwrap.indent(textwrap.fill(str(row["persona"]), 96), "    "))

@@ -1,0 +1,50 @@
+"""Template personas: placeholders checked at config time, rendering vectorised."""
+
+import pandas as pd
+import pytest
+
+from simpipe.config import ConfigError, config_from_dict
+from simpipe.personas.config import PopulationConfig
+from simpipe.personas.sampling import sample_partition
+from simpipe.personas.templates import default_template, render_template, template_fields
+
+ATTRS = {"education": {"values": {"High School": 1, "Ph.D.": 1}}, "age": {"min": 18, "max": 80}}
+
+
+def config(**persona):
+    return {"population": {"size": 10, "attributes": ATTRS, "persona": persona}}
+
+
+def test_fields_in_order_of_use():
+    assert template_fields("{b} and {a} then {b}; {{literal}}") == ["b", "a"]
+
+
+@pytest.mark.parametrize("template,message", [
+    ("You are {agee} years old.", r"population.persona.template: placeholders \['agee'\]"),
+    ("{age:d}", "only plain {name} placeholders"),
+    ("{}", "empty placeholder"),
+    ("{age", "not a valid template"),
+])
+def test_bad_templates_are_config_errors_naming_the_key(template, message):
+    with pytest.raises(ConfigError, match=message):
+        config_from_dict(config(mode="template", template=template))
+
+
+def test_unknown_mode_names_the_allowed_values():
+    with pytest.raises(ConfigError, match=r"population.persona.mode.*'none', 'template' or 'llm'"):
+        config_from_dict(config(mode="chatty"))
+
+
+def test_render_matches_str_format_row_by_row():
+    population = PopulationConfig(size=50, partitions=1, attributes=ATTRS)
+    frame = sample_partition(population, 1, 0)
+    template = "Agent {agent_id}: a {age}-year-old with {education}; {{braces}} stay."
+    rendered = render_template(template, frame).to_pylist()
+    expected = [template.format(**row) for row in frame.to_dict("records")]
+    assert rendered == expected
+
+
+def test_default_template_names_every_attribute():
+    assert default_template(["age", "home_town"]) == "Your profile: age: {age}; home town: {home_town}."
+    frame = pd.DataFrame({"x": [1, 2]})
+    assert render_template("no placeholders", frame).to_pylist() == ["no placeholders"] * 2
