@@ -29,7 +29,7 @@ from distributed import Client, LocalCluster
 
 from simpipe.agents.base import Turn
 from simpipe.agents.llm import build_requests
-from simpipe.agents.registry import get_policy
+from simpipe.agents.registry import warm_policy
 from simpipe.config import Config, config_from_dict
 from simpipe.console import Console
 from simpipe.inference.base import GenerationRequest
@@ -106,7 +106,7 @@ def raw_engine(requests: list[GenerationRequest], n_parallel: int, model_path: P
 
 def _pipeline_row(name: str, config: Config, client: Client) -> dict:
     # Load the model / open the session in the worker first, as a long run amortises it.
-    client.run(get_policy, config.agents)
+    client.run(warm_policy, config.agents)
     result = run_simulation(config, client=client, force=True, console=Console(quiet=True))
     rows = read_rounds(config.run_dir)
     ok = (rows["status"] == "ok").mean()

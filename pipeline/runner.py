@@ -256,6 +256,11 @@ class _CounterWatch:
         self.ledger.save()
 
 
+def _rate(value: float | None) -> str:
+    value = value or 0.0
+    return f"{value:,.0f}" if value >= 100 else f"{value:.2g}"
+
+
 def _round_line(config: Config, r: int, rows: pd.DataFrame, record: dict) -> str:
     if len(rows) == 1:
         row = rows.iloc[0]
@@ -269,5 +274,5 @@ def _round_line(config: Config, r: int, rows: pd.DataFrame, record: dict) -> str
         f"round {r + 1}/{config.game.rounds}: {stats}  invalid {invalid} "
         f"(unparsed {record['n_unparsed']}, out_of_range {record['n_out_of_range']}, "
         f"error {record['n_error']})  {record['elapsed_s']:.1f}s  "
-        f"{record['agents_per_s'] or 0:,.0f} agents/s  (equilibrium {equilibrium(config.game):g})"
+        f"{_rate(record['agents_per_s'])} agents/s  (equilibrium {equilibrium(config.game):g})"
     )

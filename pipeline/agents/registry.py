@@ -63,3 +63,8 @@ def process_counters() -> dict[str, dict]:
                 if isinstance(value, int | float):
                     slot[key] = slot.get(key, 0) + value
     return total
+
+
+def warm_policy(agents: AgentsConfig) -> None:
+    """Create this process's policy now (load the model, open sessions); run on workers."""
+    get_policy(agents)
