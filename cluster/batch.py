@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from simpipe.cluster.config import ClusterConfig
 from simpipe.cluster.servers import server_command
+from simpipe.cluster.slurm import placement_directives
 
 
 @dataclass(frozen=True)
@@ -82,12 +83,7 @@ def batch_script(cluster: ClusterConfig, opts: BatchOptions) -> str:
         lines.append("#SBATCH --overcommit")
     if opts.output:
         lines.append(f"#SBATCH --output={opts.output}")
-    if cluster.queue:
-        lines.append(f"#SBATCH --partition={cluster.queue}")
-    if cluster.account:
-        lines.append(f"#SBATCH --account={cluster.account}")
-    if opts.gpus_per_node:
-        lines.append(f"#SBATCH --gres=gpu:{opts.gpus_per_node}")
+    lines += placement_directives(cluster.queue, cluster.account, opts.gpus_per_node)
     lines += [f"#SBATCH {d}" for d in cluster.job_extra_directives]
     lines += [
         f"# about {cpus_per_node} CPUs per node in use: {tasks_per_node} Dask tasks x "

@@ -109,12 +109,7 @@ def server_job_script(cluster: ClusterConfig, cluster_name: str, index: int,
         f"#SBATCH --mem={_slurm_memory(cfg.memory)}",
         f"#SBATCH --time={cfg.walltime or cluster.walltime}",
     ]
-    if cluster.queue:
-        lines.append(f"#SBATCH --partition={cluster.queue}")
-    if cluster.account:
-        lines.append(f"#SBATCH --account={cluster.account}")
-    if cfg.gpus_per_server:
-        lines.append(f"#SBATCH --gres=gpu:{cfg.gpus_per_server}")
+    lines += slurm.placement_directives(cluster.queue, cluster.account, cfg.gpus_per_server)
     if log_dir:
         lines.append(f"#SBATCH --output={log_dir}/%x-%j.out")
     lines += [f"#SBATCH {d}" for d in cfg.job_extra_directives]

@@ -118,3 +118,15 @@ def node_address(node: str) -> str:
 def expand_nodelist(nodelist: str) -> list[str]:
     """``node[01-03]`` -> ``["node01", "node02", "node03"]``."""
     return _run(["scontrol", "show", "hostnames", nodelist]).split()
+
+
+def placement_directives(queue: str | None, account: str | None, gpus: int) -> list[str]:
+    """The ``#SBATCH`` lines that say where a job may run: partition, account, GPUs."""
+    lines = []
+    if queue:
+        lines.append(f"#SBATCH --partition={queue}")
+    if account:
+        lines.append(f"#SBATCH --account={account}")
+    if gpus:
+        lines.append(f"#SBATCH --gres=gpu:{gpus}")
+    return lines
