@@ -44,7 +44,8 @@ def ensure_population(client: Client, config: Config, paths: RunPaths,
     ``backend_factory`` replaces the persona generator's back-end (tests inject one)."""
     cache = population_cache(Path(config.run.output_dir), config.population_hash())
     n = config.population.n_partitions
-    remove_stale_temps(cache) if cache.exists() else None
+    if cache.exists():
+        remove_stale_temps(cache)
     missing = [k for k in range(n) if not (cache / part_name(k)).exists()]
     persona = config.population.persona
     persona_agents = config.persona_agents if persona.mode == "llm" else None
