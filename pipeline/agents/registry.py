@@ -15,7 +15,7 @@ _policies: dict[str, AgentPolicy] = {}
 
 def build_backend(agents: AgentsConfig) -> Backend:
     """The LLM back-end ``agents.backend`` names (not "scripted")."""
-    # Imported on demand: a scripted run never loads xllamacpp or aiohttp.
+    # Imported on demand: a scripted run never loads xllamacpp or the HTTP client.
     if agents.backend == "llamacpp":
         from simpipe.inference.llamacpp import LlamaCppBackend  # noqa: PLC0415
 

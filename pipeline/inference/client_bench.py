@@ -1,9 +1,12 @@
 """How much client CPU the HTTP back-ends spend per request, against a stub that answers
 at once (in its own process, so its CPU is not counted as ours).
 
-Rows: a bare ``aiohttp.ClientSession.post`` loop (the floor), then ``TgiBackend`` and
-``OpenAIBackend`` through ``generate`` (the code path the pipeline uses), same requests,
-same number in flight. ``overhead_x`` is client CPU per request relative to the bare loop.
+Rows: a bare ``aiohttp.ClientSession.post`` loop (the reference FACTS.md measured), a bare
+loop on our own keep-alive client (``http_client.ConnectionPool``, the floor), then
+``TgiBackend`` and ``OpenAIBackend`` through ``generate`` (the code path the pipeline
+uses): same requests, same number in flight. ``x_aiohttp`` is client CPU per request
+relative to the bare aiohttp loop; ``server_cpu_s_per_1k`` is the stub's, which shares
+the machine and bounds requests/s when it is the larger of the two.
 """
 
 from __future__ import annotations
@@ -15,19 +18,19 @@ from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 import aiohttp
+import psutil
 from simpipe.inference.base import Backend, GenerationRequest, OutputConstraint
+from simpipe.inference.http_client import ConnectionPool
 from simpipe.inference.stub_server import StubProcess
+from simpipe.tables import markdown_table
 
-COLUMNS = (
-    "client",
-    "requests",
-    "concurrency",
-    "wall_s",
-    "requests_per_s",
-    "cpu_s_per_1k",
-    "overhead_x",
-    "errors",
-)
+FORMATS = {
+    "wall_s": "{:.2f}",
+    "requests_per_s": "{:,.0f}",
+    "cpu_s_per_1k": "{:.3f}",
+    "server_cpu_s_per_1k": "{:.3f}",
+    "x_aiohttp": "{:.2f}",
+}
 _PROMPT = (
     "You are a 34-year-old economist with a Master's degree. You take part in a game: every "
     "player picks a number between 0 and 100; the winner is closest to 2/3 of the average. "
@@ -47,26 +50,59 @@ def _requests(n: int) -> list[GenerationRequest]:
     ]
 
 
-async def _raw(url: str, reqs: Sequence[GenerationRequest], concurrency: int) -> int:
-    """The floor: one shared session, ``post(json=...)``, ``json.loads`` of the answer."""
+def _tgi_body(r: GenerationRequest) -> bytes:
+    return json.dumps(
+        {
+            "inputs": r.prompt,
+            "parameters": {"max_new_tokens": r.max_tokens, "seed": r.seed, "details": True},
+        }
+    ).encode()
+
+
+async def _bare_loop(
+    post: Callable[[bytes], Coroutine[Any, Any, tuple[int, bytes]]],
+    reqs: Sequence[GenerationRequest],
+    concurrency: int,
+) -> int:
+    """``concurrency`` coroutines taking the next request: encode, POST, ``json.loads``."""
     errors = 0
     todo = iter(reqs)
+
+    async def worker() -> None:
+        nonlocal errors
+        for r in todo:
+            status, raw = await post(_tgi_body(r))
+            if status != 200 or "generated_text" not in json.loads(raw):
+                errors += 1
+
+    await asyncio.gather(*[worker() for _ in range(concurrency)])
+    return errors
+
+
+async def _aiohttp_loop(url: str, reqs: Sequence[GenerationRequest], concurrency: int) -> int:
+    """The reference: one shared session, ``post``, ``read``."""
+    headers = {"Content-Type": "application/json"}
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
 
-        async def worker() -> None:
-            nonlocal errors
-            for r in todo:
-                body = {
-                    "inputs": r.prompt,
-                    "parameters": {"max_new_tokens": r.max_tokens, "seed": r.seed, "details": True},
-                }
-                async with session.post(url + "/generate", json=body) as resp:
-                    data = json.loads(await resp.read())
-                    if resp.status != 200 or "generated_text" not in data:
-                        errors += 1
+        async def post(body: bytes) -> tuple[int, bytes]:
+            async with session.post(url + "/generate", data=body, headers=headers) as resp:
+                return resp.status, await resp.read()
 
-        await asyncio.gather(*[worker() for _ in range(concurrency)])
-    return errors
+        return await _bare_loop(post, reqs, concurrency)
+
+
+async def _pool_loop(url: str, reqs: Sequence[GenerationRequest], concurrency: int) -> int:
+    """The floor: the back-ends' own transport without their bookkeeping."""
+    pool = ConnectionPool(url, {"Content-Type": "application/json"})
+    try:
+
+        async def post(body: bytes) -> tuple[int, bytes]:
+            resp = await pool.post("/generate", body)
+            return resp.status, resp.body
+
+        return await _bare_loop(post, reqs, concurrency)
+    finally:
+        pool.close()
 
 
 def _backend(protocol: str, url: str, concurrency: int) -> Backend:
@@ -88,55 +124,60 @@ async def _through(backend: Backend, reqs: Sequence[GenerationRequest]) -> int:
     return sum(r.status != "ok" for r in results)
 
 
-async def _measure(run: Callable[[], Coroutine[Any, Any, int]]) -> tuple[float, float, int]:
-    cpu0, t0 = time.process_time(), time.perf_counter()
-    errors = await run()
-    return time.perf_counter() - t0, time.process_time() - cpu0, errors
-
-
 def run_client_bench(
     n_requests: int, protocols: Sequence[str] = ("tgi", "openai"), concurrency: int = 64
 ) -> list[dict]:
-    """Send ``n_requests`` per client (bare aiohttp, then each protocol) to a stub server
-    process; one row per client with the ``COLUMNS`` keys."""
+    """Send ``n_requests`` per client (the two bare loops, then each protocol's back-end)
+    to a stub server process; one row per client."""
     if n_requests < 1:
         raise ValueError("n_requests must be at least 1")
+    if concurrency < 1:
+        raise ValueError("concurrency must be at least 1")
     reqs = _requests(n_requests)
     warm = _requests(min(500, n_requests))
     rows: list[dict] = []
 
-    async def bench(url: str) -> None:
-        await _raw(url, warm, concurrency)
-        wall, cpu, errors = await _measure(lambda: _raw(url, reqs, concurrency))
-        rows.append(_row("aiohttp (raw)", n_requests, concurrency, wall, cpu, errors))
-        for protocol in protocols:
-            backend = _backend(protocol, url, concurrency)
-            try:
-                await _through(backend, warm)
-                wall, cpu, errors = await _measure(lambda b=backend: _through(b, reqs))
-            finally:
-                await backend.aclose()
-            rows.append(_row(protocol, n_requests, concurrency, wall, cpu, errors))
-
     with StubProcess(max_concurrent=max(128, concurrency), record=1) as stub:
+        server = psutil.Process(stub.proc.pid)  # type: ignore[union-attr]
+
+        async def measure(
+            client: str, run: Callable[[Sequence[GenerationRequest]], Coroutine[Any, Any, int]]
+        ) -> None:
+            await run(warm)  # connections open, code paths hot
+            server_cpu0 = sum(server.cpu_times()[:2])
+            cpu0, t0 = time.process_time(), time.perf_counter()
+            errors = await run(reqs)
+            wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+            server_cpu = sum(server.cpu_times()[:2]) - server_cpu0
+            rows.append(
+                {
+                    "client": client,
+                    "requests": n_requests,
+                    "concurrency": concurrency,
+                    "wall_s": wall,
+                    "requests_per_s": n_requests / wall,
+                    "cpu_s_per_1k": cpu / n_requests * 1000,
+                    "server_cpu_s_per_1k": server_cpu / n_requests * 1000,
+                    "x_aiohttp": 1.0,
+                    "errors": errors,
+                }
+            )
+
+        async def bench(url: str) -> None:
+            await measure("aiohttp, bare loop", lambda rs: _aiohttp_loop(url, rs, concurrency))
+            await measure("http_client, bare loop", lambda rs: _pool_loop(url, rs, concurrency))
+            for protocol in protocols:
+                backend = _backend(protocol, url, concurrency)
+                try:
+                    await measure(f"{protocol} back-end", lambda rs, b=backend: _through(b, rs))
+                finally:
+                    await backend.aclose()
+
         _run_loop(bench(stub.url))
-    floor = rows[0]["cpu_s_per_1k"] or 1e-9
+    reference = rows[0]["cpu_s_per_1k"] or 1e-9
     for row in rows:
-        row["overhead_x"] = round(row["cpu_s_per_1k"] / floor, 2)
+        row["x_aiohttp"] = row["cpu_s_per_1k"] / reference
     return rows
-
-
-def _row(client: str, n: int, concurrency: int, wall: float, cpu: float, errors: int) -> dict:
-    return {
-        "client": client,
-        "requests": n,
-        "concurrency": concurrency,
-        "wall_s": round(wall, 3),
-        "requests_per_s": round(n / wall, 1),
-        "cpu_s_per_1k": round(cpu / n * 1000, 4),
-        "overhead_x": 1.0,
-        "errors": errors,
-    }
 
 
 def _run_loop(coro: Coroutine[Any, Any, None]) -> None:
@@ -150,12 +191,4 @@ def _run_loop(coro: Coroutine[Any, Any, None]) -> None:
 
 
 def format_table(rows: Sequence[dict]) -> str:
-    """The rows as a fixed-width text table."""
-    cells = [list(COLUMNS)] + [[str(row.get(c, "")) for c in COLUMNS] for row in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(COLUMNS))]
-    lines = [
-        "  ".join(v.ljust(w) if i == 0 else v.rjust(w) for i, (v, w) in enumerate(zip(r, widths)))
-        for r in cells
-    ]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    return markdown_table(rows, FORMATS)

@@ -1,7 +1,7 @@
-"""The thin aiohttp client shared by the TGI and OpenAI-compatible back-ends.
+"""The endpoint pool shared by the TGI and OpenAI-compatible back-ends.
 
-One ``aiohttp.ClientSession`` per process per event loop, shared by every pool on that
-loop; an endpoint pool with a per-endpoint semaphore (``max_concurrency``), least-loaded
+Persistent connections per endpoint and event loop (``simpipe.inference.http_client``);
+a per-endpoint semaphore (``max_concurrency``), least-loaded
 endpoint choice with round-robin tie-breaks, fail-over (an endpoint that refuses
 connections or times out ``DOWN_AFTER`` times in a row sits out ``DOWN_FOR_S``), retries
 with exponential back-off and full jitter, and per-endpoint counters.
@@ -25,11 +25,10 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import aiohttp
 from simpipe.cluster.endpoints import is_local
 from simpipe.inference.base import Backend, EndpointCounters, GenerationRequest, GenerationResult
+from simpipe.inference.http_client import ConnectFailed, ConnectionPool, HttpError
 from simpipe.inference.settings import HttpSettings
-from yarl import URL
 
 #: Statuses worth another try: overload (429, 503), TGI's generation error (424),
 #: server and gateway failures. Everything else 4xx is the request's fault.
@@ -50,33 +49,11 @@ def api_token() -> str | None:
     return os.environ.get("SIMPIPE_API_KEY") or os.environ.get("HF_TOKEN") or None
 
 
-# --- one session per event loop, shared by every pool on it -------------------------------
-
-_sessions: dict[asyncio.AbstractEventLoop, aiohttp.ClientSession] = {}
-_session_users: dict[asyncio.AbstractEventLoop, int] = {}
-
-
-def _session_for(loop: asyncio.AbstractEventLoop) -> aiohttp.ClientSession:
-    session = _sessions.get(loop)
-    if session is None or session.closed:
-        for old in [lp for lp in _sessions if lp.is_closed()]:  # loops that died without aclose
-            del _sessions[old]
-            _session_users.pop(old, None)
-        # limit=0: the per-endpoint semaphores already bound what is in flight (sum of
-        # max_concurrency over all pools); a connector limit below that would only queue
-        # requests a second time, and its bookkeeping costs CPU per request.
-        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, keepalive_timeout=60)
-        session = aiohttp.ClientSession(connector=connector, raise_for_status=False)
-        _sessions[loop] = session
-    return session
-
-
 class _Endpoint:
-    __slots__ = ("counters", "down_until", "fails", "index", "load", "local", "name", "urls")
+    __slots__ = ("counters", "down_until", "fails", "index", "load", "local", "name")
 
     def __init__(self, url: str, index: int) -> None:
         self.name = url.rstrip("/")
-        self.urls: dict[str, URL] = {}  # path -> parsed URL, parsed once
         self.load = 0  # waiting for a slot + in flight, for least-loaded choice
         self.fails = 0  # consecutive connection failures / timeouts
         self.down_until = 0.0  # time.monotonic() before which it is skipped
@@ -84,20 +61,15 @@ class _Endpoint:
         self.index = index
         self.local = False  # on this node (see simpipe.cluster.endpoints)
 
-    def url(self, path: str) -> URL:
-        url = self.urls.get(path)
-        if url is None:
-            url = self.urls[path] = URL(self.name + path)
-        return url
 
 
 class _LoopState:
-    """What must not cross event loops: the session and the semaphores."""
+    """What must not cross event loops: connections and semaphores, one of each per endpoint."""
 
-    __slots__ = ("sems", "session")
+    __slots__ = ("conns", "sems")
 
-    def __init__(self, session: aiohttp.ClientSession, sems: list[asyncio.Semaphore]) -> None:
-        self.session = session
+    def __init__(self, conns: list[ConnectionPool], sems: list[asyncio.Semaphore]) -> None:
+        self.conns = conns
         self.sems = sems
 
 
@@ -113,7 +85,7 @@ class EndpointPool:
         # Only a mix of this node's and other nodes' servers needs the two-pass pick.
         self._has_remote = len({ep.local for ep in self._endpoints}) == 2
         self._max_concurrency = settings.max_concurrency
-        self._timeout = aiohttp.ClientTimeout(total=settings.timeout_s)
+        self._timeout_s = settings.timeout_s
         self._retries = settings.retries
         self._backoff_s = settings.backoff_s
         self._backoff_max_s = settings.backoff_max_s
@@ -139,13 +111,12 @@ class EndpointPool:
     def _state(self) -> _LoopState:
         loop = asyncio.get_running_loop()
         state = self._states.get(loop)
-        if state is None or state.session.closed:
-            for old in [lp for lp in self._states if lp.is_closed()]:
+        if state is None:
+            for old in [lp for lp in self._states if lp.is_closed()]:  # died without aclose
                 del self._states[old]
-            session = _session_for(loop)
-            _session_users[loop] = _session_users.get(loop, 0) + (state is None)
+            conns = [ConnectionPool(ep.name, self._headers) for ep in self._endpoints]
             sems = [asyncio.Semaphore(self._max_concurrency) for _ in self._endpoints]
-            state = self._states[loop] = _LoopState(session, sems)
+            state = self._states[loop] = _LoopState(conns, sems)
         return state
 
     async def run(
@@ -219,17 +190,13 @@ class EndpointPool:
             headers: Mapping[str, str] = {}
             ep.load += 1
             try:
-                async with (
-                    state.sems[ep.index],
-                    state.session.post(
-                        ep.url(path), data=body, headers=self._headers, timeout=self._timeout
-                    ) as resp,
-                ):
-                    raw = await resp.read()
-                    status = resp.status
-                    headers = resp.headers
-            except (aiohttp.ClientError, TimeoutError) as exc:
-                error = _describe(exc, ep.name, self._timeout.total)
+                async with state.sems[ep.index]:
+                    resp = await state.conns[ep.index].post(path, body, self._timeout_s)
+                raw = resp.body
+                status = resp.status
+                headers = resp.headers
+            except (HttpError, TimeoutError) as exc:
+                error = _describe(exc, ep.name, self._timeout_s)
             finally:
                 ep.load -= 1
 
@@ -265,7 +232,7 @@ class EndpointPool:
             if status == 0 and self._other_up(ep):
                 continue  # another endpoint can take it now; no reason to wait
             delay = random.uniform(0.0, min(self._backoff_max_s, self._backoff_s * 2**attempt))
-            retry_after = headers.get("Retry-After") if status else None
+            retry_after = headers.get("retry-after") if status else None
             if retry_after and retry_after.isdigit():
                 delay = max(delay, min(float(retry_after), self._backoff_max_s))
             if delay > 0:
@@ -286,25 +253,18 @@ class EndpointPool:
         return text
 
     async def aclose(self) -> None:
-        """Drop this pool's state; close the loop's shared session when no pool uses it."""
-        loop = asyncio.get_running_loop()
-        if self._states.pop(loop, None) is None:
-            return
-        users = _session_users.get(loop, 1) - 1
-        if users > 0:
-            _session_users[loop] = users
-            return
-        _session_users.pop(loop, None)
-        session = _sessions.pop(loop, None)
-        if session is not None:
-            await session.close()
+        """Close this event loop's connections."""
+        state = self._states.pop(asyncio.get_running_loop(), None)
+        if state is not None:
+            for conns in state.conns:
+                conns.close()
 
 
 def _describe(exc: BaseException, endpoint: str, timeout_s: float | None) -> str:
     if isinstance(exc, TimeoutError):
         return f"timeout after {timeout_s:g} s at {endpoint}"
-    if isinstance(exc, aiohttp.ClientConnectorError):
-        return f"cannot connect to {endpoint}: {exc.os_error.strerror or exc.os_error}"
+    if isinstance(exc, ConnectFailed):
+        return f"cannot connect to {endpoint}: {exc}"
     return f"{type(exc).__name__} at {endpoint}: {exc}"
 
 

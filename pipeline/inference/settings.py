@@ -4,8 +4,23 @@
 from __future__ import annotations
 
 from typing import Literal
+from urllib.parse import SplitResult, urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+def parse_base_url(url: str) -> SplitResult:
+    """``http://host[:port][/prefix]`` or ``https://...``; ValueError saying what is wrong."""
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 -- raises ValueError for a port that is not a number
+    except ValueError as exc:
+        raise ValueError(f"{url!r} is not a URL ({exc})") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"{url!r}: expected http://host:port or https://host[/prefix]")
+    if parts.query or parts.fragment:
+        raise ValueError(f"{url!r}: a base URL has no ?query or #fragment")
+    return parts
 
 
 class _Section(BaseModel):
@@ -31,6 +46,13 @@ class HttpSettings(_Section):
     retries: int = Field(4, ge=0)  # after the first attempt
     backoff_s: float = Field(0.5, ge=0)  # first back-off; doubles each retry, with jitter
     backoff_max_s: float = Field(20.0, ge=0)
+
+    @field_validator("endpoints")
+    @classmethod
+    def _base_urls(cls, urls: list[str]) -> list[str]:
+        for url in urls:
+            parse_base_url(url)
+        return urls
 
 
 class TgiSettings(HttpSettings):

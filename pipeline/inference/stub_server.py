@@ -16,7 +16,8 @@ status), ``delay_s`` (every generation waits first: overload or client timeouts)
 ``max_concurrent`` (beyond it: 429 "Model is overloaded", as TGI), and ``bodies`` (the
 last ``record`` request bodies with their path and Authorization header).
 
-In-process: ``async with StubServer(...) as stub: stub.url``. As a process:
+HTTP comes from ``simpipe.inference.stub_http``. In-process: ``async with
+StubServer(...) as stub: stub.url``. As a process:
 ``python -m simpipe.inference.stub_server --port N`` (or ``StubProcess`` in Python), which
 prints ``simpipe-stub-server listening on http://127.0.0.1:N`` when ready.
 """
@@ -32,10 +33,11 @@ import subprocess
 import sys
 import time
 import zlib
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any, Self
 
-from aiohttp import web
+from simpipe.inference.stub_http import HttpRequest, HttpResponse, HttpServer
 
 READY_LINE = "simpipe-stub-server listening on"
 MODEL_ID = "simpipe/stub"
@@ -65,13 +67,8 @@ class _Invalid(Exception):
         self.param = param
 
 
-def _json(data: Any, status: int = 200, headers: dict | None = None) -> web.Response:
-    return web.Response(
-        body=json.dumps(data, separators=(",", ":")).encode(),
-        status=status,
-        content_type="application/json",
-        headers=headers,
-    )
+def _json(data: Any, status: int = 200, headers: dict | None = None) -> HttpResponse:
+    return HttpResponse(status, json.dumps(data, separators=(",", ":")).encode(), headers)
 
 
 def _n_tokens(text: str) -> int:
@@ -104,7 +101,7 @@ def _cut(text: str, stop: list[str], max_tokens: int) -> tuple[str, str]:
 
 
 class StubServer:
-    """The stub as an in-process aiohttp app on 127.0.0.1 (port 0: a free one)."""
+    """The stub in this process's event loop on 127.0.0.1 (port 0: a free one)."""
 
     def __init__(self, port: int = 0, host: str = "127.0.0.1", **config: Any) -> None:
         self.host = host
@@ -112,14 +109,17 @@ class StubServer:
         self.config = StubConfig(**config)
         self.in_flight = 0
         self.served = 0  # generation requests seen, failures included
-        self._runner: web.AppRunner | None = None
-        self.app = web.Application(client_max_size=16 * 2**20)
-        self.app.router.add_post("/generate", self._generate)
-        self.app.router.add_get("/health", self._health)
-        self.app.router.add_get("/info", self._info)
-        self.app.router.add_post("/v1/completions", self._completions)
-        self.app.router.add_post("/v1/chat/completions", self._chat)
-        self.app.router.add_get("/v1/models", self._models)
+        self._http: HttpServer | None = None
+        # path -> (method, handler, tgi): a generation route (tgi True/False, the error
+        # style) gets the parsed body after admission; the others take no argument.
+        self._routes: dict[str, tuple[str, Any, bool | None]] = {
+            "/generate": ("POST", self._tgi_answer, True),
+            "/health": ("GET", self._health, None),
+            "/info": ("GET", self._info, None),
+            "/v1/completions": ("POST", self._completion_answer, False),
+            "/v1/chat/completions": ("POST", self._chat_answer, False),
+            "/v1/models": ("GET", self._models, None),
+        }
 
     @property
     def url(self) -> str:
@@ -130,19 +130,14 @@ class StubServer:
         return list(self.config.bodies)
 
     async def start(self) -> str:
-        self._runner = web.AppRunner(
-            self.app, access_log=None, handle_signals=False, shutdown_timeout=0.2
-        )
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port)
-        await site.start()
-        self.port = self._runner.addresses[0][1]
+        self._http = HttpServer(self._dispatch, self.host, self.port)
+        self.port = await self._http.start()
         return self.url
 
     async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+        if self._http is not None:
+            await self._http.stop()
+            self._http = None
 
     async def __aenter__(self) -> Self:
         await self.start()
@@ -153,13 +148,34 @@ class StubServer:
 
     # --- shared request handling ------------------------------------------------------------
 
-    async def _admit(
-        self, request: web.Request, tgi: bool
-    ) -> tuple[dict | None, web.Response | None]:
-        """Parse and record the body; apply delay, overload and injected failures."""
-        raw = await request.read()
+    def _dispatch(self, request: HttpRequest) -> HttpResponse | Awaitable[HttpResponse]:
+        route = self._routes.get(request.path)
+        if route is None:
+            return _json({"error": f"no route {request.path}", "error_type": "not_found"}, 404)
+        method, handler, tgi = route
+        if request.method != method:
+            return _json({"error": f"{request.method} not allowed", "error_type": "method"}, 405)
+        if tgi is None:
+            return handler()
+        body, refusal = self._admit(request, tgi)
+        if refusal is not None:
+            return refusal
+        if self.config.delay_s > 0:
+            # Counted from admission (not from when the task first runs), so that requests
+            # arriving together see each other: that is what makes a 429 under overload.
+            self.in_flight += 1
+            task = asyncio.ensure_future(self._later(handler, body, tgi))
+            task.add_done_callback(self._release)
+            return task
+        return self._answer(handler, body, tgi)
+
+    def _release(self, _: asyncio.Future) -> None:
+        self.in_flight -= 1
+
+    def _admit(self, request: HttpRequest, tgi: bool) -> tuple[dict | None, HttpResponse | None]:
+        """Parse and record the body; apply overload and injected failures."""
         try:
-            body = json.loads(raw)
+            body = json.loads(request.body)
         except ValueError as exc:
             return None, self._invalid(tgi, f"Failed to parse the request body as JSON: {exc}")
         cfg = self.config
@@ -167,7 +183,7 @@ class StubServer:
             {
                 "path": request.path,
                 "body": body,
-                "authorization": request.headers.get("Authorization"),
+                "authorization": request.headers.get("authorization"),
             }
         )
         self.served += 1
@@ -183,32 +199,25 @@ class StubServer:
         return body, None
 
     @staticmethod
-    def _invalid(tgi: bool, message: str, param: str | None = None) -> web.Response:
+    def _invalid(tgi: bool, message: str, param: str | None = None) -> HttpResponse:
         if tgi:
             return _json({"error": message, "error_type": "validation"}, 422)
         err = {"message": message, "type": "invalid_request_error", "param": param, "code": 400}
         return _json({"error": err}, 400)
 
-    async def _run(self, handler, request: web.Request, tgi: bool) -> web.Response:
-        body, refusal = await self._admit(request, tgi)
-        if refusal is not None:
-            return refusal
-        self.in_flight += 1
+    def _answer(self, handler: Any, body: dict, tgi: bool) -> HttpResponse:
         try:
-            if self.config.delay_s > 0:
-                await asyncio.sleep(self.config.delay_s)
             return handler(body)
         except _Invalid as exc:
             return self._invalid(tgi, str(exc), exc.param)
-        finally:
-            self.in_flight -= 1
+
+    async def _later(self, handler: Any, body: dict, tgi: bool) -> HttpResponse:
+        await asyncio.sleep(self.config.delay_s)
+        return self._answer(handler, body, tgi)
 
     # --- TGI ----------------------------------------------------------------------------------
 
-    async def _generate(self, request: web.Request) -> web.Response:
-        return await self._run(self._tgi_answer, request, tgi=True)
-
-    def _tgi_answer(self, body: dict) -> web.Response:
+    def _tgi_answer(self, body: dict) -> HttpResponse:
         inputs = body.get("inputs")
         p = body.get("parameters") or {}
         if not isinstance(inputs, str):
@@ -262,10 +271,10 @@ class StubServer:
             out, headers={"x-prompt-tokens": str(n_in), "x-generated-tokens": str(len(text))}
         )
 
-    async def _health(self, request: web.Request) -> web.Response:
-        return web.Response(status=200)
+    def _health(self) -> HttpResponse:
+        return HttpResponse(200)
 
-    async def _info(self, request: web.Request) -> web.Response:
+    def _info(self) -> HttpResponse:
         return _json(
             {
                 "model_id": MODEL_ID,
@@ -287,13 +296,7 @@ class StubServer:
 
     # --- OpenAI -------------------------------------------------------------------------------
 
-    async def _completions(self, request: web.Request) -> web.Response:
-        return await self._run(self._completion_answer, request, tgi=False)
-
-    async def _chat(self, request: web.Request) -> web.Response:
-        return await self._run(self._chat_answer, request, tgi=False)
-
-    def _completion_answer(self, body: dict) -> web.Response:
+    def _completion_answer(self, body: dict) -> HttpResponse:
         prompt = body.get("prompt")
         if not isinstance(prompt, str) or not prompt:
             raise _Invalid("'prompt' must be a non-empty string", "prompt")
@@ -301,7 +304,7 @@ class StubServer:
         choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
         return _json(_envelope("text_completion", body, choice, usage))
 
-    def _chat_answer(self, body: dict) -> web.Response:
+    def _chat_answer(self, body: dict) -> HttpResponse:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise _Invalid("'messages' must be a non-empty list", "messages")
@@ -319,7 +322,7 @@ class StubServer:
         }
         return _json(_envelope("chat.completion", body, choice, usage))
 
-    async def _models(self, request: web.Request) -> web.Response:
+    def _models(self) -> HttpResponse:
         card = {"id": MODEL_ID, "object": "model", "created": 0, "owned_by": "simpipe-stub"}
         return _json({"object": "list", "data": [card]})
 

@@ -1,0 +1,239 @@
+"""A small keep-alive HTTP/1.1 client: POST a body, get back status, body and headers.
+
+Why not aiohttp here: on this project's 2-core reference machine one
+``aiohttp.ClientSession.post`` + ``read`` costs about 270 us of client CPU, so one worker
+process cannot send more than ~3,700 requests/s however fast the servers are. The
+inference back-ends only ever POST JSON to a few known servers, which needs far less: a
+pool of persistent connections per endpoint, a request written as one buffer, and the
+response parsed by llhttp (the C parser behind Node.js, via ``httptools``). That costs
+about 70 us per request (``simpipe bench client`` measures both).
+
+What it does not do, on purpose: redirects, cookies, proxies, compression, HTTP/2.
+Inference servers answer generation requests with JSON directly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import ssl
+import time
+from collections.abc import Mapping
+
+import httptools
+from simpipe.inference.settings import parse_base_url
+
+#: Connections idle longer than this are closed instead of reused: uvicorn (vLLM, SGLang)
+#: closes idle keep-alive connections after 5 s, and a request written into a connection
+#: the server is closing is lost.
+IDLE_REUSE_S = 4.0
+
+
+class HttpError(Exception):
+    """A request that got no HTTP answer (the message names the endpoint and why)."""
+
+
+class ConnectFailed(HttpError):
+    """No connection could be opened (refused, unreachable, name not found, TLS)."""
+
+
+class ConnectionLost(HttpError):
+    """The server closed the connection or sent something that is not HTTP."""
+
+
+class Response:
+    """Status, body and headers (names lower-cased) of one answer."""
+
+    __slots__ = ("body", "headers", "status")
+
+    def __init__(self, status: int, body: bytes, headers: Mapping[str, str]) -> None:
+        self.status = status
+        self.body = body
+        self.headers = headers
+
+
+class _Connection(asyncio.Protocol):
+    """One TCP connection; one request at a time (no pipelining)."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.waiter: asyncio.Future[Response] | None = None
+        self.chunks: list[bytes] = []
+        self.headers: dict[str, str] = {}
+        self.got_bytes = False  # any byte of the current answer: then a failure is not stale
+        self.closed = False
+        self.keep_alive = True
+        self.idle_since = 0.0
+
+    # asyncio.Protocol
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self.got_bytes = True
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._fail(ConnectionLost(f"not an HTTP answer ({exc})"))
+            self.abort()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        waiter = self.waiter
+        if waiter is None or waiter.done():
+            return
+        if "content-length" not in self.headers and "transfer-encoding" not in self.headers:
+            status = self._status()
+            if status:  # an answer whose body runs until the connection closes
+                self.keep_alive = False
+                self.waiter = None
+                waiter.set_result(Response(status, b"".join(self.chunks), self.headers))
+                return
+        reason = f": {exc}" if exc else ""
+        self._fail(ConnectionLost(f"the server closed the connection{reason}"))
+
+    # httptools callbacks
+    def on_message_begin(self) -> None:
+        self.chunks = []
+        self.headers = {}
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+
+    def on_body(self, body: bytes) -> None:
+        self.chunks.append(body)
+
+    def on_message_complete(self) -> None:
+        self.keep_alive = self.parser.should_keep_alive()
+        waiter = self.waiter
+        self.waiter = None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(Response(self._status(), b"".join(self.chunks), self.headers))
+
+    # used by the pool
+    def send(self, data: bytes) -> asyncio.Future[Response]:
+        if self.closed or self.transport is None:
+            raise ConnectionLost("the server closed the connection")
+        self.got_bytes = False
+        self.waiter = asyncio.get_running_loop().create_future()
+        self.transport.write(data)
+        return self.waiter
+
+    def abort(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.abort()
+
+    def _status(self) -> int:
+        try:
+            return self.parser.get_status_code()
+        except httptools.HttpParserError:
+            return 0
+
+    def _fail(self, exc: HttpError) -> None:
+        waiter = self.waiter
+        self.waiter = None
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(exc)
+
+
+class ConnectionPool:
+    """Persistent connections to one server (``http://`` or ``https://`` base URL).
+
+    Belongs to the event loop it is first used on. Connections are opened on demand and
+    kept for reuse; the caller bounds how many requests run at once.
+    """
+
+    def __init__(self, base_url: str, headers: Mapping[str, str] | None = None) -> None:
+        parts = parse_base_url(base_url)
+        self.base_url = base_url
+        self._host = parts.hostname
+        self._tls = ssl.create_default_context() if parts.scheme == "https" else None
+        default_port = 443 if self._tls else 80
+        self._port = parts.port or default_port
+        self._prefix = parts.path.rstrip("/")
+        host = self._host if self._port == default_port else f"{self._host}:{self._port}"
+        if ":" in self._host:  # IPv6 literal
+            host = f"[{self._host}]" + ("" if self._port == default_port else f":{self._port}")
+        lines = [f"Host: {host}"] + [f"{k}: {v}" for k, v in (headers or {}).items()]
+        self._head = ("\r\n".join(lines) + "\r\n").encode("latin-1")
+        self._idle: list[_Connection] = []
+        self._paths: dict[str, bytes] = {}
+
+    async def post(self, path: str, body: bytes, timeout_s: float | None = None) -> Response:
+        """POST ``body`` to ``base_url + path``. Raises ``ConnectFailed``, ``ConnectionLost``
+        or ``TimeoutError`` (for the whole exchange, connecting included)."""
+        target = self._paths.get(path)
+        if target is None:
+            target = self._paths[path] = (self._prefix + path).encode("latin-1")
+        data = b"POST %s HTTP/1.1\r\n%sContent-Length: %d\r\n\r\n%s" % (
+            target,
+            self._head,
+            len(body),
+            body,
+        )
+        async with asyncio.timeout(timeout_s):
+            return await self._exchange(data)
+
+    async def _exchange(self, data: bytes) -> Response:
+        conn, reused = await self._acquire()
+        done = False
+        try:
+            try:
+                response = await conn.send(data)
+            except ConnectionLost:
+                if not reused or conn.got_bytes:
+                    raise
+                # The server closed an idle connection just as we wrote to it: the request
+                # never reached it, so one fresh connection is a safe second try.
+                conn.abort()
+                conn, reused = await self._open(), False
+                response = await conn.send(data)
+            done = True
+            return response
+        finally:
+            if done and conn.keep_alive and not conn.closed:
+                conn.idle_since = time.monotonic()
+                self._idle.append(conn)
+            else:
+                conn.abort()  # mid-answer (timeout, cancel) or told to close: never reuse
+
+    async def _acquire(self) -> tuple[_Connection, bool]:
+        now = time.monotonic()
+        while self._idle:
+            conn = self._idle.pop()  # the most recently used: the warmest
+            if not conn.closed and now - conn.idle_since < IDLE_REUSE_S:
+                return conn, True
+            conn.abort()
+        return await self._open(), False
+
+    async def _open(self) -> _Connection:
+        loop = asyncio.get_running_loop()
+        try:
+            _, conn = await loop.create_connection(
+                _Connection,
+                self._host,
+                self._port,
+                ssl=self._tls,
+                server_hostname=self._host if self._tls else None,
+            )
+        except ssl.SSLError as exc:
+            raise ConnectFailed(f"TLS failed: {exc.reason or exc}") from None
+        except OSError as exc:
+            raise ConnectFailed(_why(exc)) from None
+        return conn
+
+    def close(self) -> None:
+        """Close every idle connection (requests in flight close theirs when done)."""
+        for conn in self._idle:
+            conn.abort()
+        self._idle.clear()
+
+
+def _why(exc: OSError) -> str:
+    # asyncio's own text ("Connect call failed (addr)") hides the reason; the errno has it.
+    if isinstance(exc, socket.gaierror) or not exc.errno:
+        return exc.strerror or str(exc)
+    return os.strerror(exc.errno)
