@@ -1,6 +1,8 @@
 """``simpipe bench engine``: the embedded engine alone vs. the pipeline, same prompts.
 
-Rows, run one after another on the same machine, each with its model already loaded:
+Rows, run one after another on the same machine, each with its model already loaded and
+the first ``n_parallel`` prompts sent once before the clock starts (prompt caches and
+first-batch allocations are a one-off cost a long run amortises):
 
 1. raw engine: xllamacpp called directly, one thread per slot (FACTS.md's best in-process
    setup), no Dask, no parsing, no Parquet;
@@ -16,7 +18,6 @@ grammar and the same per-agent seeds.
 from __future__ import annotations
 
 import logging
-import socket
 import subprocess
 import sys
 import tempfile
@@ -33,22 +34,24 @@ from simpipe.agents.registry import warm_policy
 from simpipe.config import Config, config_from_dict
 from simpipe.console import Console
 from simpipe.inference.base import GenerationRequest
-from simpipe.inference.llamacpp import build_params, request_body, resolve_model_path
+from simpipe.inference.llamacpp import build_params, open_engine, request_body, resolve_model_path
 from simpipe.layout import RunPaths
+from simpipe.memory import PeakMemory
 from simpipe.population import ensure_population
 from simpipe.results import read_population, read_rounds
 from simpipe.runner import run_simulation
 from simpipe.tables import markdown_table
 
 FORMATS = {"prompts_per_s": "{:.2f}", "gen_tokens_per_s": "{:.1f}", "p50_latency_s": "{:.2f}",
-           "p95_latency_s": "{:.2f}", "wall_s": "{:.1f}", "ratio_to_raw": "{:.2f}"}
+           "p95_latency_s": "{:.2f}", "wall_s": "{:.1f}", "ratio_to_raw": "{:.2f}",
+           "peak_rss_gib": "{:.2f}"}
 
 
 def engine_config(agents: int, n_parallel: int, output_dir: Path, backend: str = "llamacpp",
                   endpoint: str | None = None) -> Config:
     raw: dict = {
         "run": {"name": f"engine-{backend}", "seed": 11, "output_dir": str(output_dir)},
-        "population": {"size": agents, "partitions": 4,
+        "population": {"size": agents, "partitions": min(4, agents),
                        "attributes": {"age": {"min": 18, "max": 80},
                                       "education": {"values": {"High School": 1,
                                                                "Bachelor's Degree": 1,
@@ -83,10 +86,7 @@ def _latency_row(name: str, latencies: np.ndarray, tokens_out: int, wall: float)
 
 def raw_engine(requests: list[GenerationRequest], n_parallel: int, model_path: Path) -> dict:
     """xllamacpp alone: one blocking call per request from n_parallel threads."""
-    import xllamacpp  # noqa: PLC0415
-
-    server = xllamacpp.Server(build_params(model_path, n_parallel=n_parallel, n_ctx=0,
-                                           threads=0))
+    server = open_engine(build_params(model_path, n_parallel=n_parallel, n_ctx=0, threads=0))
     bodies = [request_body(r, cache_prompt=n_parallel > 1)[1] for r in requests]
 
     def call(body: dict) -> tuple[float, int]:
@@ -95,7 +95,7 @@ def raw_engine(requests: list[GenerationRequest], n_parallel: int, model_path: P
         return time.perf_counter() - start, int(response["usage"]["completion_tokens"])
 
     with ThreadPoolExecutor(n_parallel) as pool:
-        list(pool.map(call, bodies[:n_parallel]))  # warm-up, as the pipeline rows get
+        list(pool.map(call, bodies[:n_parallel]))  # warm-up; the pipeline rows get the same
         start = time.perf_counter()
         results = list(pool.map(call, bodies))
         wall = time.perf_counter() - start
@@ -104,9 +104,11 @@ def raw_engine(requests: list[GenerationRequest], n_parallel: int, model_path: P
                         np.array([r[0] for r in results]), sum(r[1] for r in results), wall)
 
 
-def _pipeline_row(name: str, config: Config, client: Client) -> dict:
-    # Load the model / open the session in the worker first, as a long run amortises it.
-    client.run(warm_policy, config.agents)
+def _pipeline_row(name: str, config: Config, client: Client,
+                  warm: list[GenerationRequest]) -> dict:
+    # Load the model and send the raw engine's warm-up prompts first, in the worker, as a
+    # long run amortises both.
+    client.run(warm_policy, config.agents, warm)
     result = run_simulation(config, client=client, force=True, console=Console(quiet=True))
     rows = read_rounds(config.run_dir)
     ok = (rows["status"] == "ok").mean()
@@ -114,12 +116,6 @@ def _pipeline_row(name: str, config: Config, client: Client) -> dict:
                        result.round_times[0])
     row["valid_share"] = ok
     return row
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _local_cluster() -> LocalCluster:
@@ -136,20 +132,25 @@ def run_engine_bench(agents: int, n_parallel: int = 32) -> list[dict]:
         with _local_cluster() as cluster, Client(cluster) as client:
             ensure_population(client, config, RunPaths(config.run_dir))
             requests = _requests(config)
-            rows.append(raw_engine(requests, n_parallel, model) | {"valid_share": None})
-            rows.append(_pipeline_row("pipeline: llamacpp back-end via Dask", config, client))
-        port = _free_port()
+            warm = requests[:n_parallel]
+            with PeakMemory() as mem:
+                row = raw_engine(requests, n_parallel, model) | {"valid_share": None}
+            rows.append(row | {"peak_rss_gib": mem.peak_gib})
+            with PeakMemory() as mem:
+                row = _pipeline_row("pipeline: llamacpp back-end via Dask", config, client, warm)
+            rows.append(row | {"peak_rss_gib": mem.peak_gib})
         server = subprocess.Popen(
-            [sys.executable, "-m", "simpipe.inference.llamacpp_server", "--port", str(port),
+            [sys.executable, "-m", "simpipe.inference.llamacpp_server", "--port", "0",
              "--parallel", str(n_parallel), "--model", str(model)],
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         try:
-            server.stdout.readline()  # "... listening on http://..." once /health answers
-            url = f"http://127.0.0.1:{port}"
+            # "... listening on http://HOST:PORT" once /health answers
+            url = server.stdout.readline().split()[-1]  # type: ignore[union-attr]
             openai = engine_config(agents, n_parallel, out, backend="openai", endpoint=url)
-            with _local_cluster() as cluster, Client(cluster) as client:
-                rows.append(_pipeline_row("pipeline: openai back-end -> llama.cpp server",
-                                          openai, client))
+            with _local_cluster() as cluster, Client(cluster) as client, PeakMemory() as mem:
+                row = _pipeline_row("pipeline: openai back-end -> llama.cpp server", openai,
+                                    client, warm)
+            rows.append(row | {"peak_rss_gib": mem.peak_gib})
         finally:
             server.terminate()
             server.wait(timeout=30)

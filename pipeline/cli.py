@@ -161,8 +161,10 @@ def bench_scale(agents: str, latency: float, rounds: int, partitions: int, worke
 
 
 @bench.command("engine")
-@click.option("--agents", default=256, show_default=True, help="Prompts (agents) per row.")
-@click.option("--parallel", default=32, show_default=True, help="llama.cpp slots.")
+@click.option("--agents", default=256, show_default=True, type=click.IntRange(min=1),
+              help="Prompts (agents) per row.")
+@click.option("--parallel", default=32, show_default=True, type=click.IntRange(1, 512),
+              help="llama.cpp slots.")
 def bench_engine(agents: int, parallel: int) -> None:
     """The embedded engine alone vs. the pipeline's llamacpp and openai back-ends."""
     from simpipe.bench_engine import format_table, run_engine_bench  # noqa: PLC0415
@@ -171,8 +173,10 @@ def bench_engine(agents: int, parallel: int) -> None:
 
 
 @bench.command("client")
-@click.option("--requests", "n_requests", default=20000, show_default=True)
-@click.option("--concurrency", default=64, show_default=True, help="Requests in flight.")
+@click.option("--requests", "n_requests", default=20000, show_default=True,
+              type=click.IntRange(min=1))
+@click.option("--concurrency", default=64, show_default=True, type=click.IntRange(min=1),
+              help="Requests in flight.")
 def bench_client(n_requests: int, concurrency: int) -> None:
     """HTTP client cost of the tgi and openai back-ends against a server answering at once."""
     from simpipe.inference.client_bench import format_table, run_client_bench  # noqa: PLC0415

@@ -4,10 +4,11 @@ rounds, so a model is loaded (or an HTTP session opened) once per process."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 
 from simpipe.agents.base import AgentPolicy
 from simpipe.config import AgentsConfig
-from simpipe.inference.base import Backend
+from simpipe.inference.base import Backend, GenerationRequest
 
 _lock = threading.Lock()
 _policies: dict[str, AgentPolicy] = {}
@@ -65,6 +66,14 @@ def process_counters() -> dict[str, dict]:
     return total
 
 
-def warm_policy(agents: AgentsConfig) -> None:
-    """Create this process's policy now (load the model, open sessions); run on workers."""
-    get_policy(agents)
+def warm_policy(agents: AgentsConfig, requests: Sequence[GenerationRequest] = ()) -> None:
+    """Create this process's policy now (load the model, open sessions); run on workers.
+
+    ``requests`` (LLM back-ends only) are sent through the back-end once, so that prompt
+    caches and first-batch allocations are paid before a benchmark starts its clock.
+    """
+    policy = get_policy(agents)
+    if requests:
+        from simpipe.aio import run_async  # noqa: PLC0415
+
+        run_async(policy.backend.generate(list(requests)))  # type: ignore[attr-defined]

@@ -12,7 +12,10 @@ partition runs on a fixed set of worker coroutines), no logging, URLs parsed onc
 
 Counters per endpoint: ``requests`` = HTTP attempts sent there, ``errors`` = attempts that
 failed there (any reason), ``retries`` = failed attempts there that were tried again,
-tokens and ``latency_s_sum`` (first attempt to answer, retries included) from successes.
+tokens and ``latency_s_sum`` from successes. Latency runs from the first attempt leaving
+(after its wait for a slot under ``max_concurrency``) to the answer, retries included: the
+time a server spent on the agent, as the embedded back-end measures it, not the time the
+request queued in this process.
 """
 
 from __future__ import annotations
@@ -178,7 +181,7 @@ class EndpointPool:
             path, body = encode(req)
         except (ValueError, TypeError) as exc:
             return GenerationResult(None, status="error", error=f"cannot encode request: {exc}")
-        t0 = time.perf_counter()
+        t0 = 0.0  # set when the first attempt gets its slot
         ep = None
         error = ""
         for attempt in range(self._retries + 1):
@@ -191,6 +194,8 @@ class EndpointPool:
             ep.load += 1
             try:
                 async with state.sems[ep.index]:
+                    if not t0:
+                        t0 = time.perf_counter()
                     resp = await state.conns[ep.index].post(path, body, self._timeout_s)
                 raw = resp.body
                 status = resp.status
@@ -239,7 +244,7 @@ class EndpointPool:
                 await asyncio.sleep(delay)
         return GenerationResult(
             None,
-            latency_s=time.perf_counter() - t0,
+            latency_s=time.perf_counter() - t0 if t0 else 0.0,
             status="error",
             error=self._scrub(error),
             endpoint=ep.name if ep is not None else None,

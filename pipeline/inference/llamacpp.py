@@ -10,6 +10,7 @@ starts llama.cpp's HTTP listener too; in-process we bind it to 127.0.0.1 on a fr
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import os
 import time
 import uuid
@@ -131,6 +132,35 @@ def build_params(
     return params
 
 
+def tune_malloc() -> bool:
+    """Let glibc serve llama.cpp's per-step buffers from the heap; True if it took.
+
+    Dask's nanny starts workers with ``MALLOC_TRIM_THRESHOLD_=65536``, and setting any
+    malloc threshold turns off glibc's adaptive mmap threshold. Every allocation over
+    128 KiB then becomes an mmap/munmap pair, and llama.cpp makes several per decode step
+    (Gemma's 262k-token vocabulary gives a 3 MB candidate array per sampled token):
+    measured in a Dask worker, 2.4M page faults and 9 s of system time for 128 prompts
+    instead of 0.25M and 1.2 s, and 15-20% fewer prompts/s. The price is that up to
+    128 MiB of freed heap stays with the process. A no-op where there is no glibc.
+    """
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    m_trim_threshold, m_mmap_threshold = -1, -3  # from glibc's malloc.h
+    # 32 MiB is the largest mmap threshold glibc accepts on 64-bit systems.
+    ok = mallopt(m_mmap_threshold, 32 * 2**20) == 1
+    return mallopt(m_trim_threshold, 128 * 2**20) == 1 and ok
+
+
+def open_engine(params: Any) -> Any:
+    """Load the model and start llama.cpp's scheduler (``xllamacpp.Server``), blocking."""
+    import xllamacpp
+
+    tune_malloc()
+    return xllamacpp.Server(params)
+
+
 def request_body(req: GenerationRequest, cache_prompt: bool) -> tuple[bool, dict]:
     """(is_chat, the OpenAI-style body llama.cpp takes) for one request."""
     body: dict[str, Any] = {
@@ -189,8 +219,6 @@ class LlamaCppBackend(Backend):
     """One llama.cpp model per worker process, answering whole partitions at once."""
 
     def __init__(self, settings: LlamaCppSettings) -> None:
-        import xllamacpp
-
         self.settings = settings
         self.prompt_style = settings.prompt_style
         self.model_path = resolve_model_path(settings)
@@ -200,7 +228,7 @@ class LlamaCppBackend(Backend):
             n_ctx=settings.n_ctx,
             threads=settings.threads,
         )
-        self._server: Any = xllamacpp.Server(params)  # loads the model (blocking)
+        self._server: Any = open_engine(params)
         # One blocked thread per slot keeps every slot busy; more would only queue
         # inside llama.cpp.
         self._pool = ThreadPoolExecutor(

@@ -20,7 +20,7 @@ import urllib.error
 import urllib.request
 from urllib.parse import urlsplit
 
-from simpipe.inference.llamacpp import build_params, default_model_path
+from simpipe.inference.llamacpp import build_params, default_model_path, open_engine
 
 READY_LINE = "simpipe-llamacpp-server listening on http://{host}:{port}"
 
@@ -53,8 +53,6 @@ def _wait_healthy(url: str, timeout_s: float = 60.0) -> bool:
 def main(argv: list[str] | None = None) -> int:
     """Run the server until SIGTERM / SIGINT; the exit status."""
     args = _parse_args(argv)
-    import xllamacpp
-
     stop = threading.Event()
     # Installed before the model loads so a SIGTERM during loading still exits cleanly;
     # xllamacpp itself installs no process-wide signal handlers.
@@ -65,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     params = build_params(model, n_parallel=args.parallel, n_ctx=args.ctx,
                           threads=args.threads, host=args.host, port=args.port)
     try:
-        server = xllamacpp.Server(params)  # loads the model, then listens
+        server = open_engine(params)  # loads the model, then listens
     except RuntimeError as exc:
         print(f"simpipe-llamacpp-server: could not start ({exc}); see the llama.cpp log "
               "above (model path, port in use?)", file=sys.stderr)

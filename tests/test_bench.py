@@ -1,0 +1,66 @@
+"""The ``simpipe bench client`` and ``simpipe bench engine`` commands, end to end, at a size
+that runs in seconds: every row present, every request answered. No timing assertions:
+the figures themselves are for the README, measured on an idle machine."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from support import REPO
+
+
+def _table(stdout: str) -> list[dict[str, str]]:
+    """The Markdown table a bench command prints, as one dict per row."""
+    lines = [ln for ln in stdout.splitlines() if ln.startswith("|")]
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    return [
+        dict(zip(header, (c.strip() for c in ln.strip("|").split("|")), strict=True))
+        for ln in lines[2:]
+    ]
+
+
+def _bench(*args: str, timeout: int) -> list[dict[str, str]]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "simpipe.cli", "bench", *args],
+        cwd=REPO, capture_output=True, text=True, timeout=timeout,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return _table(proc.stdout)
+
+
+def test_bench_client_sends_every_request_through_each_client():
+    rows = _bench("client", "--requests", "400", "--concurrency", "16", timeout=120)
+    assert [r["client"] for r in rows] == [
+        "aiohttp, bare loop", "http_client, bare loop", "tgi back-end", "openai back-end",
+    ]
+    for row in rows:
+        assert row["requests"] == "400" and row["errors"] == "0"
+        assert float(row["requests_per_s"].replace(",", "")) > 0
+        assert float(row["cpu_s_per_1k"]) > 0 and float(row["server_cpu_s_per_1k"]) > 0
+    assert rows[0]["x_aiohttp"] == "1.00"
+
+
+def test_bench_client_refuses_nonsense_sizes():
+    proc = subprocess.run(
+        [sys.executable, "-m", "simpipe.cli", "bench", "client", "--requests", "0"],
+        cwd=REPO, capture_output=True, text=True, timeout=60,
+    )
+    assert proc.returncode == 2
+    assert "Invalid value for '--requests'" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.llm
+@pytest.mark.slow
+def test_bench_engine_answers_the_same_prompts_three_ways():
+    rows = _bench("engine", "--agents", "8", "--parallel", "4", timeout=600)
+    assert [r["engine"] for r in rows] == [
+        "raw engine (xllamacpp, in-process threads)",
+        "pipeline: llamacpp back-end via Dask",
+        "pipeline: openai back-end -> llama.cpp server",
+    ]
+    assert all(r["prompts"] == "8" for r in rows)
+    assert [r["valid_share"] for r in rows[1:]] == ["100%", "100%"]
+    assert rows[0]["ratio_to_raw"] == "1.00"
+    assert all(float(r["peak_rss_gib"]) > 0.1 for r in rows)  # the model is resident
