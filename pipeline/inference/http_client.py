@@ -114,7 +114,7 @@ class _Connection(asyncio.Protocol):
 
     # used by the pool
     def send(self, data: bytes) -> asyncio.Future[Response]:
-        if self.closed or self.transport is None:
+        if self.closed or self.transport is None or self.transport.is_closing():
             raise ConnectionLost("the server closed the connection")
         self.got_bytes = False
         self.waiter = asyncio.get_running_loop().create_future()

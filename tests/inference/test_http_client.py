@@ -157,3 +157,37 @@ def test_refused_and_garbage_answers_raise_errors_that_say_so():
 def test_bad_base_urls_are_refused_up_front(url):
     with pytest.raises(ValueError, match="URL|expected|query"):
         ConnectionPool(url)
+
+
+def test_https_endpoints_verify_the_server_against_the_system_trust_store(tmp_path, monkeypatch):
+    """TLS with a private CA, trusted the way a cluster would: ``SSL_CERT_FILE``."""
+    trustme = pytest.importorskip("trustme")
+    import ssl
+
+    ca = trustme.CA()
+    server_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ca.issue_cert("localhost").configure_cert(server_ctx)
+    ca_file = tmp_path / "ca.pem"
+    ca.cert_pem.write_to_path(str(ca_file))
+
+    async def serve(reader, writer):
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(_ok(b'{"tls": true}'))
+        await writer.drain()
+        writer.close()
+
+    async def go(trusted: bool):
+        if trusted:
+            monkeypatch.setenv("SSL_CERT_FILE", str(ca_file))
+        else:
+            monkeypatch.delenv("SSL_CERT_FILE", raising=False)
+        srv = await asyncio.start_server(serve, "127.0.0.1", 0, ssl=server_ctx)
+        port = srv.sockets[0].getsockname()[1]
+        try:
+            return await ConnectionPool(f"https://localhost:{port}").post("/x", b"", 5)
+        finally:
+            srv.close()
+
+    assert asyncio.run(go(True)).body == b'{"tls": true}'
+    with pytest.raises(ConnectFailed, match="TLS failed|CERTIFICATE_VERIFY_FAILED"):
+        asyncio.run(go(False))
