@@ -99,7 +99,7 @@ def raw_engine(requests: list[GenerationRequest], n_parallel: int, model_path: P
         start = time.perf_counter()
         results = list(pool.map(call, bodies))
         wall = time.perf_counter() - start
-    del server
+    server = None  # the last reference: ~Server frees the model before the next row
     return _latency_row("raw engine (xllamacpp, in-process threads)",
                         np.array([r[0] for r in results]), sum(r[1] for r in results), wall)
 
