@@ -30,6 +30,12 @@ def _new_loop() -> asyncio.AbstractEventLoop:
         return asyncio.new_event_loop()
 
 
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    """``asyncio.run`` on the loop the workers use (uvloop when installed)."""
+    with asyncio.Runner(loop_factory=_new_loop) as runner:
+        return runner.run(coro)
+
+
 def process_loop() -> asyncio.AbstractEventLoop:
     """The process-wide loop, started on first use in a daemon thread."""
     global _loop

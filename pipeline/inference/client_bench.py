@@ -19,6 +19,9 @@ from typing import Any
 
 import aiohttp
 import psutil
+from simpipe import aio
+from simpipe.agents.registry import build_backend
+from simpipe.config import AgentsConfig
 from simpipe.inference.base import Backend, GenerationRequest, OutputConstraint
 from simpipe.inference.http_client import ConnectionPool
 from simpipe.inference.stub_server import StubProcess
@@ -106,17 +109,8 @@ async def _pool_loop(url: str, reqs: Sequence[GenerationRequest], concurrency: i
 
 
 def _backend(protocol: str, url: str, concurrency: int) -> Backend:
-    if protocol == "tgi":
-        from simpipe.inference.settings import TgiSettings
-        from simpipe.inference.tgi import TgiBackend
-
-        return TgiBackend(TgiSettings(endpoints=[url], max_concurrency=concurrency))
-    if protocol == "openai":
-        from simpipe.inference.openai_compat import OpenAIBackend
-        from simpipe.inference.settings import OpenAISettings
-
-        return OpenAIBackend(OpenAISettings(endpoints=[url], max_concurrency=concurrency))
-    raise ValueError(f"protocol: unknown {protocol!r}; allowed: 'tgi', 'openai'")
+    section = {"endpoints": [url], "max_concurrency": concurrency}
+    return build_backend(AgentsConfig.model_validate({"backend": protocol, protocol: section}))
 
 
 async def _through(backend: Backend, reqs: Sequence[GenerationRequest]) -> int:
@@ -173,21 +167,12 @@ def run_client_bench(
                 finally:
                     await backend.aclose()
 
-        _run_loop(bench(stub.url))
+        # The pipeline's workers run on uvloop when it is installed; measure what they run.
+        aio.run(bench(stub.url))
     reference = rows[0]["cpu_s_per_1k"] or 1e-9
     for row in rows:
         row["x_aiohttp"] = row["cpu_s_per_1k"] / reference
     return rows
-
-
-def _run_loop(coro: Coroutine[Any, Any, None]) -> None:
-    # The pipeline's workers run on uvloop when it is installed; measure what they run.
-    try:
-        import uvloop
-    except ImportError:
-        asyncio.run(coro)
-    else:
-        uvloop.run(coro)
 
 
 def format_table(rows: Sequence[dict]) -> str:

@@ -65,7 +65,6 @@ class _Endpoint:
         self.local = False  # on this node (see simpipe.cluster.endpoints)
 
 
-
 class _LoopState:
     """What must not cross event loops: connections and semaphores, one of each per endpoint."""
 

@@ -9,6 +9,7 @@ project's 2-core machine, this layer about a third of that.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from http import HTTPStatus
@@ -52,6 +53,11 @@ def encode_response(resp: HttpResponse, keep_alive: bool) -> bytes:
     for name, value in (resp.headers or {}).items():
         lines.append(f"{name}: {value}")
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + resp.body
+
+
+def _server_error(exc: Exception) -> HttpResponse:
+    body = json.dumps({"error": f"{type(exc).__name__}: {exc}", "error_type": "server"})
+    return HttpResponse(500, body.encode())
 
 
 class _ServerConnection(asyncio.Protocol):
@@ -106,7 +112,10 @@ class _ServerConnection(asyncio.Protocol):
         path = httptools.parse_url(self.url).path.decode("latin-1")
         method = self.parser.get_method().decode("latin-1")
         request = HttpRequest(method, path, self.headers, b"".join(self.chunks))
-        answer = self.handler(request)
+        try:
+            answer = self.handler(request)
+        except Exception as exc:  # noqa: BLE001 - a handler bug is a 500, never a hung client
+            answer = _server_error(exc)
         if isinstance(answer, HttpResponse):
             self._send(answer, keep_alive)
             return
@@ -115,7 +124,10 @@ class _ServerConnection(asyncio.Protocol):
         self.pending = asyncio.ensure_future(self._later(answer, keep_alive))
 
     async def _later(self, answer: Awaitable[HttpResponse], keep_alive: bool) -> None:
-        resp = await answer
+        try:
+            resp = await answer
+        except Exception as exc:  # noqa: BLE001 - as above
+            resp = _server_error(exc)
         self.pending = None
         self._send(resp, keep_alive)
         if keep_alive and self.transport is not None and not self.transport.is_closing():

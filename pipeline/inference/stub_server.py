@@ -37,6 +37,7 @@ from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any, Self
 
+from simpipe import aio
 from simpipe.inference.stub_http import HttpRequest, HttpResponse, HttpServer
 
 READY_LINE = "simpipe-stub-server listening on"
@@ -467,14 +468,7 @@ def main(argv: list[str] | None = None) -> None:
             await stub.stop()
 
     try:
-        import uvloop
-    except ImportError:
-        uvloop = None
-    try:
-        if uvloop is not None:
-            uvloop.run(serve())
-        else:
-            asyncio.run(serve())
+        aio.run(serve())
     except KeyboardInterrupt:
         pass
 

@@ -309,6 +309,25 @@ def test_stub_follows_the_tgi_contract():
     assert top_p == (422, {"error": "`top_p` must be > 0.0 and < 1.0", "error_type": "validation"})
 
 
+def test_stub_answers_unknown_routes_and_its_own_bugs_without_hanging():
+    async def go():
+        async with StubServer() as stub, aiohttp.ClientSession() as s:
+            async with s.get(stub.url + "/nowhere") as r:
+                missing = r.status
+            async with s.get(stub.url + "/generate") as r:
+                wrong_method = r.status
+            # A top_p the validation does not type-check makes the handler raise.
+            bad = {"inputs": "x", "parameters": {"max_new_tokens": 2, "top_p": "high"}}
+            async with s.post(stub.url + "/generate", json=bad) as r:
+                crashed = (r.status, (await r.json())["error_type"])
+            good = {"inputs": "x", "parameters": {"max_new_tokens": 2}}
+            async with s.post(stub.url + "/generate", json=good) as r:
+                after = r.status
+            return missing, wrong_method, crashed, after
+
+    assert asyncio.run(go()) == (404, 405, (500, "server"), 200)
+
+
 def test_a_worker_prefers_the_server_on_its_own_node_and_falls_back():
     """Requests go to this node's server while it has room; another node's server only
     takes the overflow (here: the local one has max_concurrency 1 and 8 requests come)."""
