@@ -30,6 +30,13 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from simpipe.inference.answer_checks import (
+    MalformedAnswer,
+    answer_text,
+    finish_reason,
+    json_object,
+    token_count,
+)
 from simpipe.inference.base import GenerationRequest, OutputConstraint
 from simpipe.inference.http import HttpBackend
 from simpipe.inference.settings import OpenAISettings
@@ -72,17 +79,30 @@ class OpenAIBackend(HttpBackend):
         return path, _dumps(body).encode()
 
     def _decode(self, data: Any, headers: Mapping[str, str]) -> tuple[str, int, int, str | None]:
-        choice = data["choices"][0]
-        text = choice.get("text")
-        if text is None:
-            text = choice["message"]["content"] or ""
-        usage = data.get("usage") or {}
-        return (
-            text,
-            int(usage.get("prompt_tokens") or 0),
-            int(usage.get("completion_tokens") or 0),
-            choice.get("finish_reason"),
-        )
+        return decode_openai_answer(data)
+
+
+def decode_openai_answer(data: Any) -> tuple[str, int, int, str | None]:
+    """(text, tokens_in, tokens_out, finish_reason) of a completions or chat answer; raises
+    ``MalformedAnswer`` naming the field that is missing or of the wrong type."""
+    choices = json_object(data, "the answer").get("choices")
+    if type(choices) is not list or not choices:
+        raise MalformedAnswer("choices is not a non-empty list")
+    choice = json_object(choices[0], "choices[0]")
+    text = choice.get("text")
+    if text is None:  # chat: the message content (null when the model said nothing)
+        content = json_object(choice.get("message"), "choices[0].message").get("content")
+        text = "" if content is None else answer_text(content, "choices[0].message.content")
+    else:
+        text = answer_text(text, "choices[0].text")
+    usage = data.get("usage")
+    usage = {} if usage is None else json_object(usage, "usage")
+    return (
+        text,
+        token_count(usage.get("prompt_tokens"), "usage.prompt_tokens"),
+        token_count(usage.get("completion_tokens"), "usage.completion_tokens"),
+        finish_reason(choice.get("finish_reason"), "choices[0].finish_reason"),
+    )
 
 
 def _add_constraint(body: dict, c: OutputConstraint, mode: str) -> None:

@@ -24,8 +24,17 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from simpipe.inference.answer_checks import (
+    MalformedAnswer,
+    answer_text,
+    finish_reason,
+    header_token_count,
+    json_object,
+    token_count,
+)
 from simpipe.inference.base import GenerationRequest
 from simpipe.inference.http import HttpBackend
+from simpipe.inference.openai_compat import decode_openai_answer
 from simpipe.inference.settings import TgiSettings
 
 # json.dumps with its cached default encoder measured fastest (ASCII escapes are valid JSON).
@@ -61,25 +70,26 @@ class TgiBackend(HttpBackend):
         return "/generate", _dumps({"inputs": req.prompt, "parameters": params}).encode()
 
     def _decode(self, data: Any, headers: Mapping[str, str]) -> tuple[str, int, int, str | None]:
-        if "choices" in data:  # the Messages API
-            choice = data["choices"][0]
-            usage = data.get("usage") or {}
-            return (
-                choice["message"]["content"] or "",
-                int(usage.get("prompt_tokens") or 0),
-                int(usage.get("completion_tokens") or 0),
-                choice.get("finish_reason"),
-            )
-        if isinstance(data, list):  # TGI's ``POST /`` shape, should a proxy route there
+        if type(data) is list:  # TGI's ``POST /`` shape, should a proxy route there
+            if not data:
+                raise MalformedAnswer("the answer is an empty list")
             data = data[0]
-        details = data.get("details") or {}
+        if "choices" in json_object(data, "the answer"):  # the Messages API
+            return decode_openai_answer(data)
+        details = data.get("details")
+        details = {} if details is None else json_object(details, "details")
         prefill = details.get("prefill")
-        tokens_in = len(prefill) if prefill else int(headers.get("x-prompt-tokens") or 0)
+        if prefill:
+            if type(prefill) is not list:
+                raise MalformedAnswer("details.prefill is not a list")
+            tokens_in = len(prefill)
+        else:
+            tokens_in = header_token_count(headers.get("x-prompt-tokens"), "x-prompt-tokens")
         return (
-            data["generated_text"],
+            answer_text(data.get("generated_text"), "generated_text"),
             tokens_in,
-            int(details.get("generated_tokens") or 0),
-            details.get("finish_reason"),
+            token_count(details.get("generated_tokens"), "details.generated_tokens"),
+            finish_reason(details.get("finish_reason"), "details.finish_reason"),
         )
 
 
