@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,29 +58,40 @@ def openai_answer(text: Any = "42", usage: Any = None) -> bytes:
                     "usage": usage})
 
 
-async def endless_chunked_body(chunk: int = 64 * 1024) -> AsyncIterator[bytes]:
-    """A 200 answer whose chunked body never ends."""
+async def endless_chunked_body(stop_after: int | None = None,
+                               chunk: int = 64 * 1024) -> AsyncIterator[bytes]:
+    """A 200 answer whose chunked body never ends (or, with ``stop_after``, stops coming
+    after that many bytes without ever ending: a bound on what a test risks if the client
+    under test does buffer it all)."""
     yield b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
     piece = b"%x\r\n%s\r\n" % (chunk, b" " * chunk)
-    while True:
+    for _ in _pieces(stop_after, len(piece)):
         yield piece
 
 
-async def endless_headers(chunk: int = 64 * 1024) -> AsyncIterator[bytes]:
+async def endless_headers(stop_after: int | None = None,
+                          chunk: int = 64 * 1024) -> AsyncIterator[bytes]:
     """A status line followed by headers that never end, each with a new name."""
     yield b"HTTP/1.1 200 OK\r\n"
     value = b"a" * chunk
-    n = 0
-    while True:
-        n += 1
+    for n in _pieces(stop_after, chunk):
         yield b"X-Filler-%d: %s\r\n" % (n, value)
 
 
-async def endless_header_value(chunk: int = 64 * 1024) -> AsyncIterator[bytes]:
+async def endless_header_value(stop_after: int | None = None,
+                               chunk: int = 64 * 1024) -> AsyncIterator[bytes]:
     """One header whose value never ends (no line break ever comes)."""
     yield b"HTTP/1.1 200 OK\r\nX-Filler: "
-    while True:
-        yield b"a" * chunk
+    piece = b"a" * chunk
+    for _ in _pieces(stop_after, chunk):
+        yield piece
+
+
+def _pieces(stop_after: int | None, size: int) -> Iterator[int]:
+    n = 0
+    while stop_after is None or n * size < stop_after:
+        n += 1
+        yield n
 
 
 class HostileServer:

@@ -36,10 +36,33 @@ def header_token_count(value: str | None, field: str) -> int:
     if value is None:
         return 0
     # str.isdigit alone admits "²" and other non-ASCII digits that int() then rejects.
-    if value.isascii() and value.isdigit() and len(value) <= 10:
+    if value.isdigit() and value.isascii() and len(value) <= 10:
         return token_count(int(value), field)
     raise MalformedAnswer(
         f"{field} = {_show(value)} is not a token count (a whole number 0..2**31-1)"
+    )
+
+
+def checked_answer(
+    text: Any, tokens_in: Any, tokens_out: Any, finish: Any, fields: tuple[str, str, str, str]
+) -> tuple[str, int, int, str | None]:
+    """(text, tokens_in, tokens_out, finish_reason) checked as above; ``fields`` names them
+    for the error. One call with the common case first: this runs once per request on the
+    client's hot path."""
+    if (
+        type(text) is str
+        and type(tokens_in) is int
+        and type(tokens_out) is int
+        and 0 <= tokens_in < TOKEN_COUNT_LIMIT
+        and 0 <= tokens_out < TOKEN_COUNT_LIMIT
+        and (finish is None or type(finish) is str)
+    ):
+        return text, tokens_in, tokens_out, finish
+    return (
+        answer_text(text, fields[0]),
+        token_count(tokens_in, fields[1]),
+        token_count(tokens_out, fields[2]),
+        finish_reason(finish, fields[3]),
     )
 
 
@@ -63,7 +86,12 @@ def json_object(value: Any, field: str) -> dict:
     """A JSON object (a dict after ``json.loads``)."""
     if type(value) is dict:
         return value
-    raise MalformedAnswer(f"{field} is {_kind(value)}, not a JSON object")
+    raise not_an_object(value, field)
+
+
+def not_an_object(value: Any, field: str) -> MalformedAnswer:
+    """The error for ``value`` where a JSON object belongs (for callers that test inline)."""
+    return MalformedAnswer(f"{field} is {_kind(value)}, not a JSON object")
 
 
 def _kind(value: Any) -> str:

@@ -327,29 +327,32 @@ def error_text(status: int, raw: bytes, endpoint: str, secret: str | None = None
     """The server's own words: TGI ``{"error", "error_type"}``, OpenAI / llama.cpp /
     vLLM >= 0.8 ``{"error": {"message"}}``, older vLLM ``{"message"}``, FastAPI ``{"detail"}``;
     on one line, ``secret`` redacted and then cut to MAX_SERVER_MESSAGE characters."""
-    msg = None
     try:
-        data = json.loads(raw)
-    except (ValueError, RecursionError):
-        data = None
-    if isinstance(data, dict):
-        err = data.get("error")
-        if isinstance(err, dict):
-            msg = err.get("message") or json.dumps(err)
-        elif isinstance(err, str):
-            kind = data.get("error_type")
-            msg = f"{kind}: {err}" if kind else err
-        elif "message" in data:
-            msg = str(data["message"])
-        elif "detail" in data:
-            msg = str(data["detail"])
+        msg = _server_message(json.loads(raw))
+    except (ValueError, RecursionError):  # not JSON, or nested too deep to load or show
+        msg = None
     if msg is None:
         msg = raw[: 4 * MAX_SERVER_MESSAGE].decode("utf-8", "replace")
     # Redact before the final cut, so a cut through the token cannot leave a piece of it.
     # Cutting first to a window a few times longer keeps this cheap for a 1 MiB message:
     # a piece of the token that window leaves at its end is redacted like any other.
-    msg = redact(" ".join(str(msg)[: 4 * MAX_SERVER_MESSAGE].split()), secret)
+    msg = redact(" ".join(msg[: 4 * MAX_SERVER_MESSAGE].split()), secret)
     return f"HTTP {status} from {endpoint}: {msg[:MAX_SERVER_MESSAGE] or '(empty body)'}"
+
+
+def _server_message(data: Any) -> str | None:
+    if not isinstance(data, dict):
+        return None
+    err = data.get("error")
+    if isinstance(err, dict):
+        return str(err.get("message") or json.dumps(err))
+    if isinstance(err, str):
+        kind = data.get("error_type")
+        return f"{kind}: {err}" if kind else err
+    for key in ("message", "detail"):
+        if key in data:
+            return str(data[key])
+    return None
 
 
 class HttpBackend(Backend):

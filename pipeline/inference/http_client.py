@@ -78,9 +78,8 @@ class _Connection(asyncio.Protocol):
         self.chunks: list[bytes] = []
         self.headers: dict[str, str] = {}
         self.max_body = max_body
-        self.body_bytes = 0
-        self.head_bytes = 0
-        self.in_head = True  # the current answer's headers have not ended yet
+        self.body_bytes = 0  # of the current answer
+        self.head_bytes = 0  # of the current answer, until its first body byte
         self.got_bytes = False  # any byte of the current answer: then a failure is not stale
         self.closed = False
         self.keep_alive = True
@@ -105,12 +104,8 @@ class _Connection(asyncio.Protocol):
             self._fail(ConnectionLost("the server switched protocols (HTTP 101), no answer"))
             self.abort()
             return
-        if self.in_head:
-            # Still no end of headers after this whole read: all of it was head. llhttp
-            # buffers an unfinished header itself, so it is bounded here, per read.
-            self.head_bytes += len(data)
-            if self.head_bytes > MAX_HEAD_BYTES:
-                self._too_large(f"answer headers larger than {size_text(MAX_HEAD_BYTES)}")
+        if self.waiter is not None:  # the answer goes on in a later read (rare: checks here)
+            self._check_unfinished(len(data))
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -135,14 +130,6 @@ class _Connection(asyncio.Protocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         self.headers[name.decode("latin-1").lower()] = value.decode("latin-1")
 
-    def on_headers_complete(self) -> None:
-        self.in_head = False
-        length = self.headers.get("content-length", "")
-        # llhttp has checked that it is digits; refuse a body that is announced too large
-        # before waiting for any of it.
-        if len(length) > 18 or (length and int(length) > self.max_body):
-            self._too_large(f"answer larger than {size_text(self.max_body)}")
-
     def on_body(self, body: bytes) -> None:
         self.body_bytes += len(body)
         if self.body_bytes <= self.max_body:
@@ -155,7 +142,12 @@ class _Connection(asyncio.Protocol):
         waiter = self.waiter
         self.waiter = None
         if waiter is not None and not waiter.done():
-            waiter.set_result(Response(self._status(), b"".join(self.chunks), self.headers))
+            status = self._status()
+            if status < 100:  # llhttp takes any three digits; "000" would read as no answer
+                waiter.set_exception(ConnectionLost(f"not an HTTP answer (status {status:03d})"))
+                self.abort()
+                return
+            waiter.set_result(Response(status, b"".join(self.chunks), self.headers))
 
     # used by the pool
     def send(self, data: bytes) -> asyncio.Future[Response]:
@@ -163,7 +155,6 @@ class _Connection(asyncio.Protocol):
             raise ConnectionLost("the server closed the connection")
         self.got_bytes = False
         self.body_bytes = self.head_bytes = 0
-        self.in_head = True
         self.waiter = asyncio.get_running_loop().create_future()
         self.transport.write(data)
         return self.waiter
@@ -184,6 +175,21 @@ class _Connection(asyncio.Protocol):
         self.waiter = None
         if waiter is not None and not waiter.done():
             waiter.set_exception(exc)
+
+    def _check_unfinished(self, n: int) -> None:
+        """Bounds on an answer that spans reads (one read is bounded by the event loop;
+        on_body bounds the body)."""
+        if not self.body_bytes:
+            # No body byte yet: all of this read was status line and headers. llhttp holds
+            # an unfinished header itself, so this is its only bound.
+            self.head_bytes += n
+            if self.head_bytes > MAX_HEAD_BYTES:
+                self._too_large(f"answer headers larger than {size_text(MAX_HEAD_BYTES)}")
+                return
+        # A body announced larger than the bound is refused before waiting for any of it.
+        length = self.headers.get("content-length")
+        if length and length.isdigit() and (len(length) > 18 or int(length) > self.max_body):
+            self._too_large(f"answer larger than {size_text(self.max_body)}")
 
     def _too_large(self, what: str) -> None:
         self.chunks = []  # the part already buffered goes now, not when the answer would end

@@ -32,10 +32,9 @@ from typing import Any
 
 from simpipe.inference.answer_checks import (
     MalformedAnswer,
-    answer_text,
-    finish_reason,
+    checked_answer,
     json_object,
-    token_count,
+    not_an_object,
 )
 from simpipe.inference.base import GenerationRequest, OutputConstraint
 from simpipe.inference.http import HttpBackend
@@ -85,24 +84,36 @@ class OpenAIBackend(HttpBackend):
 def decode_openai_answer(data: Any) -> tuple[str, int, int, str | None]:
     """(text, tokens_in, tokens_out, finish_reason) of a completions or chat answer; raises
     ``MalformedAnswer`` naming the field that is missing or of the wrong type."""
-    choices = json_object(data, "the answer").get("choices")
+    if type(data) is not dict:
+        raise not_an_object(data, "the answer")
+    choices = data.get("choices")
     if type(choices) is not list or not choices:
         raise MalformedAnswer("choices is not a non-empty list")
-    choice = json_object(choices[0], "choices[0]")
+    choice = choices[0]
+    if type(choice) is not dict:
+        raise not_an_object(choice, "choices[0]")
     text = choice.get("text")
     if text is None:  # chat: the message content (null when the model said nothing)
-        content = json_object(choice.get("message"), "choices[0].message").get("content")
-        text = "" if content is None else answer_text(content, "choices[0].message.content")
+        text = json_object(choice.get("message"), "choices[0].message").get("content")
+        fields = _CHAT_FIELDS
+        if text is None:
+            text = ""
     else:
-        text = answer_text(text, "choices[0].text")
+        fields = _COMPLETION_FIELDS
     usage = data.get("usage")
-    usage = {} if usage is None else json_object(usage, "usage")
-    return (
-        text,
-        token_count(usage.get("prompt_tokens"), "usage.prompt_tokens"),
-        token_count(usage.get("completion_tokens"), "usage.completion_tokens"),
-        finish_reason(choice.get("finish_reason"), "choices[0].finish_reason"),
-    )
+    if usage is None:
+        tokens_in = tokens_out = 0
+    elif type(usage) is dict:
+        tokens_in = usage.get("prompt_tokens", 0)
+        tokens_out = usage.get("completion_tokens", 0)
+    else:
+        raise not_an_object(usage, "usage")
+    return checked_answer(text, tokens_in, tokens_out, choice.get("finish_reason"), fields)
+
+
+_USAGE = ("usage.prompt_tokens", "usage.completion_tokens", "choices[0].finish_reason")
+_COMPLETION_FIELDS = ("choices[0].text", *_USAGE)
+_CHAT_FIELDS = ("choices[0].message.content", *_USAGE)
 
 
 def _add_constraint(body: dict, c: OutputConstraint, mode: str) -> None:

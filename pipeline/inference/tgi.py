@@ -26,11 +26,9 @@ from typing import Any
 
 from simpipe.inference.answer_checks import (
     MalformedAnswer,
-    answer_text,
-    finish_reason,
+    checked_answer,
     header_token_count,
-    json_object,
-    token_count,
+    not_an_object,
 )
 from simpipe.inference.base import GenerationRequest
 from simpipe.inference.http import HttpBackend
@@ -74,10 +72,15 @@ class TgiBackend(HttpBackend):
             if not data:
                 raise MalformedAnswer("the answer is an empty list")
             data = data[0]
-        if "choices" in json_object(data, "the answer"):  # the Messages API
+        if type(data) is not dict:
+            raise not_an_object(data, "the answer")
+        if "choices" in data:  # the Messages API
             return decode_openai_answer(data)
         details = data.get("details")
-        details = {} if details is None else json_object(details, "details")
+        if details is None:
+            details = {}
+        elif type(details) is not dict:
+            raise not_an_object(details, "details")
         prefill = details.get("prefill")
         if prefill:
             if type(prefill) is not list:
@@ -85,12 +88,17 @@ class TgiBackend(HttpBackend):
             tokens_in = len(prefill)
         else:
             tokens_in = header_token_count(headers.get("x-prompt-tokens"), "x-prompt-tokens")
-        return (
-            answer_text(data.get("generated_text"), "generated_text"),
+        return checked_answer(
+            data.get("generated_text"),
             tokens_in,
-            token_count(details.get("generated_tokens"), "details.generated_tokens"),
-            finish_reason(details.get("finish_reason"), "details.finish_reason"),
+            details.get("generated_tokens", 0),
+            details.get("finish_reason"),
+            _FIELDS,
         )
+
+
+_FIELDS = ("generated_text", "x-prompt-tokens", "details.generated_tokens",
+           "details.finish_reason")
 
 
 def _grammar(req: GenerationRequest) -> dict | None:

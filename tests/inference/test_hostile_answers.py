@@ -32,6 +32,9 @@ from simpipe.inference.tgi import TgiBackend
 from support import small_config
 
 FAST = {"backoff_s": 0.01, "backoff_max_s": 0.05, "timeout_s": 20}
+#: What an "endless" answer sends at most here: far past every bound, yet what a client
+#: without bounds would buffer stays affordable on a shared machine.
+FLOOD = 256 * 2**20
 TOKEN = "sk-redteam-S3cr3tT0k3nTh4tMustN3v3rB3St0r3d-0123456789"
 
 
@@ -185,7 +188,11 @@ def test_absent_token_counts_are_zero():
     ("a 101 protocol switch",
      b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n",
      "101"),
+    ("status 000", b"HTTP/1.1 000 X\r\nContent-Length: 2\r\n\r\n{}",
+     "not an HTTP answer (status 000)"),
     ("a 500 whose body nests 100,000 deep", raw_json(DEEP, 500), "HTTP 500 from"),
+    ("a 400 whose error message nests 990 deep",
+     http(400, b'{"error": {"message": ' + b"[" * 990 + b"]" * 990 + b"}}"), "HTTP 400 from"),
 ])
 def test_a_broken_http_answer_is_that_agents_error(case, reply, reason, caplog):
     caplog.set_level(logging.ERROR)
@@ -219,7 +226,7 @@ def test_bytes_sent_out_of_turn_drop_the_connection():
 
     async def good_then_endless():
         yield tgi_answer("42")
-        async for chunk in endless_chunked_body():
+        async for chunk in endless_chunked_body(FLOOD):
             yield chunk
 
     def answer(req: Request):
@@ -255,12 +262,12 @@ def test_bytes_sent_out_of_turn_drop_the_connection():
 def test_an_endless_answer_is_cut_off_and_not_retried(case, stream, reason):
 
     def answer(req: Request):
-        return stream() if seed_of(req) == 0 else tgi_answer("42")
+        return stream(FLOOD) if seed_of(req) == 0 else tgi_answer("42")
 
     reqs = [GenerationRequest(prompt="x", seed=s) for s in (0, 1)]
     server = HostileServer(answer)
     with server as url:
-        (bad, good), counters = generate("tgi", url, reqs, retries=3, timeout_s=60)
+        (bad, good), counters = generate("tgi", url, reqs, retries=3, timeout_s=10)
         dropped = server.hung_up.wait(30)
     assert bad.status == "error" and reason in bad.error
     assert good.status == "ok" and good.text == "42"
