@@ -21,6 +21,7 @@ request queued in this process.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import random
@@ -305,7 +306,7 @@ def redact(text: str, secret: str | None) -> str:
         return text
     if len(secret) <= SECRET_RUN:
         return text.replace(secret, "***")
-    pieces = {secret[i : i + SECRET_RUN] for i in range(len(secret) - SECRET_RUN + 1)}
+    pieces = _pieces(secret)
     out = []
     start = i = 0
     end = len(text) - SECRET_RUN
@@ -321,6 +322,11 @@ def redact(text: str, secret: str | None) -> str:
             i += 1
     out.append(text[start:])
     return "".join(out)
+
+
+@functools.lru_cache(maxsize=4)
+def _pieces(secret: str) -> frozenset[str]:
+    return frozenset(secret[i : i + SECRET_RUN] for i in range(len(secret) - SECRET_RUN + 1))
 
 
 def error_text(status: int, raw: bytes, endpoint: str, secret: str | None = None) -> str:
