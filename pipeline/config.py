@@ -62,6 +62,8 @@ class ScriptedSettings(_Section):
 
 class AgentsConfig(SamplingSettings):
     backend: Literal["scripted", "llamacpp", "tgi", "openai"] = "scripted"
+    # Characters of each answer kept in the `raw` column (the parse sees all of it).
+    max_raw_chars: int = Field(4096, ge=0, le=2**20)
     scripted: ScriptedSettings = ScriptedSettings()
     llamacpp: LlamaCppSettings = LlamaCppSettings()
     tgi: TgiSettings = TgiSettings()

@@ -27,6 +27,7 @@ ROW_SCHEMA = pa.schema([
     ("guess", pa.float64()),
     ("status", pa.dictionary(pa.int8(), pa.string())),
     ("raw", pa.string()),
+    ("raw_truncated", pa.bool_()),
     ("tokens_in", pa.int32()),
     ("tokens_out", pa.int32()),
     ("latency_s", pa.float64()),

@@ -13,7 +13,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from simpipe.agents.base import AgentPolicy, Turn, decisions_frame
+from simpipe.agents.base import AgentPolicy, Turn, decisions_frame, stored_raw
 from simpipe.aio import run_async
 from simpipe.games.answer_format import number_grammar, number_json_schema, number_regex
 from simpipe.games.config import GameConfig
@@ -91,9 +91,10 @@ def build_requests(agents: pd.DataFrame, turn: Turn, style: str,
 class LLMAgents(AgentPolicy):
     needs_own_history = True
 
-    def __init__(self, backend: Backend, sampling: SamplingSettings) -> None:
+    def __init__(self, backend: Backend, sampling: SamplingSettings, max_raw_chars: int) -> None:
         self.backend = backend
         self.sampling = sampling
+        self.max_raw_chars = max_raw_chars
 
     def decide(self, agents: pd.DataFrame, turn: Turn) -> pd.DataFrame:
         game = turn.game
@@ -104,9 +105,11 @@ class LLMAgents(AgentPolicy):
         failed = np.fromiter((r.status == "error" for r in results), bool, len(results))
         statuses[failed] = "error"
         guesses[failed] = np.nan
+        raw, raw_truncated = stored_raw(texts, self.max_raw_chars)
         return decisions_frame(
             guesses, statuses,
-            raw=texts,
+            raw=raw,
+            raw_truncated=raw_truncated,
             tokens_in=np.fromiter((r.tokens_in for r in results), np.int64, len(results)),
             tokens_out=np.fromiter((r.tokens_out for r in results), np.int64, len(results)),
             latency_s=np.fromiter((r.latency_s for r in results), np.float64, len(results)),

@@ -40,7 +40,7 @@ def build_policy(agents: AgentsConfig) -> AgentPolicy:
         return ScriptedAgents(s.tau, s.noise, s.latency_s, s.depth_shift)
     from simpipe.agents.llm import LLMAgents  # noqa: PLC0415
 
-    return LLMAgents(build_backend(agents), agents)
+    return LLMAgents(build_backend(agents), agents, agents.max_raw_chars)
 
 
 def get_policy(agents: AgentsConfig) -> AgentPolicy:
