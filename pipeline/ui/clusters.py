@@ -67,12 +67,14 @@ def state_file(name: str) -> Path:
 
 def _read(path: Path) -> dict[str, Any]:
     """The checked state; CorruptFile (or OutsideRoot for a symlink out) otherwise."""
-    return read_json_record(contained(clusters_dir(), path), _ClusterState, MAX_STATE_BYTES)
+    inside = contained(clusters_dir(), path, "the cluster state directory")
+    return read_json_record(inside, _ClusterState, MAX_STATE_BYTES)
 
 
 def _problem(path: Path, exc: Exception) -> str:
-    text = exc.problem if isinstance(exc, CorruptFile) else str(exc)
-    return f"state file {path.name}: {text}"
+    if isinstance(exc, CorruptFile):
+        return f"state file {path.name}: {exc.problem}"
+    return f"state file {exc}"
 
 
 def _row(name: str, state: dict[str, Any]) -> dict[str, Any]:

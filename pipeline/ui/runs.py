@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+
 from simpipe.cluster.state import pid_alive
 from simpipe.integrity import (
     RESUME_REPAIRS,
@@ -204,6 +205,13 @@ def broken_row(name: str, problem: str) -> dict[str, Any]:
     }
 
 
+# What a broken run's page gets besides its list line: the keys of run_detail, empty.
+EMPTY_DETAIL: dict[str, Any] = {
+    "game": {}, "equilibrium": None, "n_partitions": None, "rounds": [], "histogram": None,
+    "endpoints": {}, "timings": {}, "error": None, "scheduler": None, "created_at": None,
+}
+
+
 def _parse_time(text: Any) -> float | None:
     try:
         return datetime.fromisoformat(str(text)).timestamp()
@@ -320,12 +328,6 @@ def _cached(key: tuple, compute):
             _cache.pop(next(iter(_cache)))
         _cache[key] = value
     return value
-
-
-EMPTY_DETAIL: dict[str, Any] = {
-    "game": {}, "equilibrium": None, "n_partitions": None, "rounds": [], "histogram": None,
-    "endpoints": {}, "timings": {}, "error": None, "scheduler": None, "created_at": None,
-}
 
 
 def _summary_by_round(files: RunFiles) -> dict[int, dict[str, float | None]]:

@@ -73,7 +73,7 @@ def safe_child(root: Path, name: str, suffix: str = "") -> Path:
     return path
 
 
-def contained(root: Path, path: Path) -> Path:
+def contained(root: Path, path: Path, root_name: str = "the results root") -> Path:
     """``path`` resolved, if it stays under ``root`` after following every symlink."""
     base = root.resolve()
     try:
@@ -82,7 +82,7 @@ def contained(root: Path, path: Path) -> Path:
         raise OutsideRoot(f"{path.name} cannot be resolved (a symlink loop)") from None
     if not resolved.is_relative_to(base):
         shown = path.relative_to(base) if path.is_relative_to(base) else path.name
-        raise OutsideRoot(f"{shown} leads outside the results root")
+        raise OutsideRoot(f"{shown} leads outside {root_name}")
     return resolved
 
 

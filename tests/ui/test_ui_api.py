@@ -414,6 +414,18 @@ def test_a_broken_cluster_state_file_is_listed_as_broken(server, cluster_home, t
     assert (cluster_home / "bad.json").exists()
 
 
+def test_a_cluster_state_symlink_out_of_its_directory_is_never_read(server, cluster_home,
+                                                                     tmp_path):
+    outside = tmp_path / "outside.json"
+    outside.write_text(json.dumps({"state": "ready", "scheduler": "tcp://s3cret:8786"}))
+    (cluster_home / "link.json").symlink_to(outside)
+    status, _, body = raw_request(server.port, "GET", "/api/clusters")
+    assert status == 200 and b"s3cret" not in body
+    [row] = json.loads(body)["clusters"]
+    assert row["state"] == "broken"
+    assert row["problem"] == "state file link.json leads outside the cluster state directory"
+
+
 def test_only_http_dashboard_urls_become_links(server, cluster_home):
     for name, url in (("js", "javascript:alert(document.cookie)"),
                       ("data", "data:text/html,<script>alert(1)</script>"),
