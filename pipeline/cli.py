@@ -112,22 +112,30 @@ def population_build(config_path: str, overrides: tuple[str, ...]) -> None:
 @click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
 def show(run_dir: str) -> None:
     """Print the summary of RUN_DIR, one line per round (and group)."""
+    from simpipe.integrity import RESUME_REPAIRS, CorruptFile  # noqa: PLC0415
     from simpipe.layout import RunPaths  # noqa: PLC0415
     from simpipe.results import read_ledger, read_summary  # noqa: PLC0415
 
     paths = RunPaths(Path(run_dir))
     if not paths.ledger.exists():
         _fail(f"{run_dir}: not a simpipe run directory (no run.json)")
-    ledger = read_ledger(run_dir)
-    click.echo(f"run {ledger['name']}: {ledger['state']}, "
-               f"{len([r for r in ledger['rounds'].values() if r.get('complete')])}/"
-               f"{ledger['rounds_total']} rounds, {ledger['n_agents']:,} agents")
+    try:
+        ledger = read_ledger(run_dir)
+    except CorruptFile as exc:
+        _fail(f"{exc}; restore it from a copy (it records the run's config and rounds)")
+    done = len([r for r in ledger.get("rounds", {}).values() if r.get("complete")])
+    click.echo(f"run {ledger.get('name') or paths.root.name}: {ledger.get('state')}, "
+               f"{done}/{ledger.get('rounds_total', '?')} rounds, "
+               f"{ledger.get('n_agents') or 0:,} agents")
     if not paths.summary.exists():
         click.echo("(no round finished yet)")
         return
     import pandas as pd  # noqa: PLC0415
 
-    summary = read_summary(run_dir)
+    try:
+        summary = read_summary(run_dir)
+    except CorruptFile as exc:
+        _fail(f"{exc}; {RESUME_REPAIRS}")
     with pd.option_context("display.width", 200, "display.max_columns", 20,
                            "display.max_rows", 60):
         click.echo(summary.to_string(index=False, float_format=lambda v: f"{v:.3f}"))

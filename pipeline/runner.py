@@ -3,7 +3,10 @@
 Each round is one Dask task per population partition (``round_task.play_partition``), all
 submitted at once; the environment's reduce of their partials runs here, and the winning
 number of each group is fed to the next round. Partitions and rounds already on disk are
-skipped, which is what ``--resume`` relies on.
+skipped, which is what ``--resume`` relies on; each is checked first (``simpipe.integrity``):
+a corrupt part file is moved aside and its partition played again, a finished round with
+one is played (its good parts reused) and reduced again, and a corrupt ``summary.parquet``
+is rebuilt from the round files.
 
 Why tasks over partition files rather than ``dask.dataframe.map_partitions``: the
 dataframe optimizer may fuse small Parquet files into one partition, and the output layout
@@ -29,14 +32,15 @@ from simpipe.agents.registry import process_counters
 from simpipe.cluster.connect import make_client
 from simpipe.config import Config
 from simpipe.console import Console
-from simpipe.files import remove_stale_temps, write_parquet_atomic
+from simpipe.files import move_aside, remove_stale_temps, write_parquet_atomic
 from simpipe.games.beauty_contest import Partial, equilibrium, reduce_round
 from simpipe.games.groups import assign_groups
+from simpipe.integrity import CorruptFile, read_ledger, read_summary, round_problems
 from simpipe.layout import RunPaths
-from simpipe.ledger import Ledger, open_run_dir
+from simpipe.ledger import Ledger, RunDirError, open_run_dir
 from simpipe.personas.sampling import partition_bounds
 from simpipe.population import ensure_population
-from simpipe.round_task import PartitionJob, PartitionOutcome, play_partition
+from simpipe.round_task import ROW_COLUMNS, PartitionJob, PartitionOutcome, play_partition
 
 
 class RunCancelled(RuntimeError):
@@ -72,6 +76,8 @@ def run_simulation(config: Config, *, resume: bool = False, force: bool = False,
     """Run (or resume) the configured simulation and return its summary."""
     console = console or Console()
     paths = RunPaths(config.run_dir)
+    if not force:
+        _check_ledger(paths)
     ledger = open_run_dir(paths, config, resume=resume, force=force)
     console.attach_log(paths.log)
     started = time.perf_counter()
@@ -110,15 +116,17 @@ def _run_rounds(client: Client, config: Config, paths: RunPaths, ledger: Ledger,
                 console: Console) -> RunResult:
     t0 = time.perf_counter()
     bar = console.progress(config.population.n_partitions, "population")
-    ensure_population(client, config, paths, on_progress=lambda done, n: bar.update(1))
+    ensure_population(client, config, paths, on_progress=lambda done, n: bar.update(1),
+                      warn=console.warn)
     bar.close()
     ledger.add_timing("population_s", time.perf_counter() - t0)
 
     size, n_parts = config.population.size, config.population.n_partitions
     groups = assign_groups(size, config.game.group_size, config.run.seed)
     bounds = partition_bounds(size, n_parts)
-    summary = _read_summary(paths, ledger)
-    done_rounds = set(ledger.completed_rounds())
+    summary = _read_summary(paths, ledger, console)
+    done_rounds = set(summary["round"].tolist()) if len(summary) else set()
+    done_rounds -= _rounds_with_corrupt_parts(paths, done_rounds, bounds, console)
     counters = _CounterWatch(client, ledger)
     token = uuid.uuid4().hex[:8]  # task keys unique per invocation, even on a shared cluster
     round_times: list[float] = []
@@ -133,7 +141,7 @@ def _run_rounds(client: Client, config: Config, paths: RunPaths, ledger: Ledger,
                                token)
         partial = Partial.concat([o.partial for o in outcomes])
         rows = reduce_round(partial, config.game, r)
-        summary = pd.concat([summary, rows], ignore_index=True) if len(summary) else rows
+        summary = _with_round(summary, rows, r)
         write_parquet_atomic(summary, paths.summary)
         elapsed = time.perf_counter() - t_round
         round_times.append(elapsed)
@@ -169,6 +177,8 @@ def _play_round(client: Client, config: Config, paths: RunPaths, ledger: Ledger,
             batch = pending.next_batch(block=False) or _wait_one(pending)
             for future in batch:
                 outcome = future.result()
+                if outcome.set_aside:
+                    console.warn(outcome.set_aside)
                 outcomes.append(outcome)
                 agents_done += outcome.n_agents
                 bar.update(1)
@@ -201,12 +211,63 @@ def _winning_table(summary: pd.DataFrame, n_groups: int, upto: int) -> np.ndarra
     return table
 
 
-def _read_summary(paths: RunPaths, ledger: Ledger) -> pd.DataFrame:
-    if not paths.summary.exists():
+def _check_ledger(paths: RunPaths) -> None:
+    """An existing run.json must be readable before it is resumed or refused."""
+    if paths.ledger.exists():
+        try:
+            read_ledger(paths.ledger)
+        except CorruptFile as exc:
+            raise RunDirError(f"{exc}; restore it, or pass --force to start this run over "
+                              "(--resume needs it)") from None
+
+
+def _read_summary(paths: RunPaths, ledger: Ledger, console: Console) -> pd.DataFrame:
+    """The summary rows of the rounds the ledger records as complete. A completed round
+    without rows (a corrupt summary.parquet is moved aside) is played and reduced again
+    from its part files."""
+    completed = ledger.completed_rounds()
+    if not completed:
         return pd.DataFrame()
-    summary = pd.read_parquet(paths.summary)
+    try:
+        summary = read_summary(paths.summary)
+    except CorruptFile as exc:
+        aside = (f"moved aside to {move_aside(paths.summary).name}, "
+                 if paths.summary.exists() else "")
+        console.warn(f"{exc}; {aside}rebuilding it from the round files")
+        return pd.DataFrame()
     # Rounds reduced after the last ledger save are redone; the ledger is the authority.
-    return summary[summary["round"].isin(ledger.completed_rounds())].reset_index(drop=True)
+    summary = summary[summary["round"].isin(completed)].reset_index(drop=True)
+    lost = sorted(set(completed) - set(summary["round"].tolist()))
+    if lost:
+        console.warn(f"{paths.summary}: no rows for round(s) "
+                     f"{', '.join(str(r + 1) for r in lost)} that run.json records as complete; "
+                     "rebuilding them from the round files")
+    return summary
+
+
+def _rounds_with_corrupt_parts(paths: RunPaths, rounds: set[int],
+                               bounds: list[tuple[int, int]], console: Console) -> set[int]:
+    """Finished rounds with a missing or corrupt part file, each moved aside: such a round
+    is played again (its good parts are reused) and its summary rows rebuilt."""
+    replay = set()
+    for r in sorted(rounds):
+        for problem in round_problems(paths, r, bounds, ROW_COLUMNS):
+            note = (f"; moved aside to {move_aside(problem.path).name}"
+                    if problem.path.exists() else "")
+            console.warn(f"{problem}{note}; round {r + 1} is played again")
+            replay.add(r)
+    return replay
+
+
+def _with_round(summary: pd.DataFrame, rows: pd.DataFrame, r: int) -> pd.DataFrame:
+    """``summary`` with round ``r``'s rows (replacing any), in (round, group) order."""
+    if not len(summary):
+        return rows
+    kept = summary[summary["round"] != r]
+    if not len(kept):
+        return rows
+    merged = pd.concat([kept, rows], ignore_index=True)
+    return merged.sort_values(["round", "group_id"], kind="stable").reset_index(drop=True)
 
 
 def _round_record(rows: pd.DataFrame, outcomes: list[PartitionOutcome], elapsed: float) -> dict:
