@@ -452,8 +452,17 @@ def _openai_generation(kind: str, body: dict, prompt: str) -> Generation:
     seed = body.get("seed")
     if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
         raise Invalid("seed must be an integer", "seed")
+    min_tokens = body.get("min_tokens") or 0
+    if not isinstance(min_tokens, int) or min_tokens < 0 or min_tokens > max_tokens:
+        raise Invalid("min_tokens must be an integer 0..max_tokens", "min_tokens")
     text = answer_number(seed, prompt, regex)
     text, finish = _cut(text, stop, max_tokens)
+    # vLLM's extensions that fix the output length (its own benchmarks send ignore_eos):
+    # the answer goes on with spaces, as a model that may not stop goes on with something.
+    if body.get("ignore_eos"):
+        text, finish = text.ljust(max_tokens), "length"
+    elif len(text) < min_tokens:
+        text = text.ljust(min_tokens)
     return Generation(kind, text, finish, prompt_tokens(prompt), seed, stream, body, prompt)
 
 
