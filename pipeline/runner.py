@@ -29,6 +29,7 @@ from simpipe.agents.registry import process_counters
 from simpipe.cluster.connect import make_client
 from simpipe.config import Config
 from simpipe.console import Console
+from simpipe.estimate import report_estimate
 from simpipe.files import remove_stale_temps, write_parquet_atomic
 from simpipe.games.beauty_contest import Partial, equilibrium, reduce_round
 from simpipe.games.groups import assign_groups
@@ -86,6 +87,7 @@ def run_simulation(config: Config, *, resume: bool = False, force: bool = False,
             ledger.set_state("running", scheduler=dask_client.scheduler.address,
                              pid=os.getpid(), host=socket.gethostname())
             result = _run_rounds(dask_client, config, paths, ledger, console)
+            report_estimate(config, ledger, console)  # emulated servers only: the real run
     except RunCancelled:
         ledger.set_state("interrupted")
         console.line(f"cancelled; resume with: simpipe run CONFIG --resume  ({paths.root})")
@@ -129,6 +131,7 @@ def _run_rounds(client: Client, config: Config, paths: RunPaths, ledger: Ledger,
             raise RunCancelled(str(paths.root))
         winning = _winning_table(summary, int(groups.max()) + 1 if size else 1, r)
         t_round = time.perf_counter()
+        started_at = time.time()  # on the clock emulated servers' stats are aligned to
         outcomes = _play_round(client, config, paths, ledger, console, r, groups, bounds, winning,
                                token)
         partial = Partial.concat([o.partial for o in outcomes])
@@ -137,7 +140,7 @@ def _run_rounds(client: Client, config: Config, paths: RunPaths, ledger: Ledger,
         write_parquet_atomic(summary, paths.summary)
         elapsed = time.perf_counter() - t_round
         round_times.append(elapsed)
-        record = _round_record(rows, outcomes, elapsed)
+        record = _round_record(rows, outcomes, elapsed, started_at)
         ledger.record_round(r, record)
         counters.update()
         console.line(_round_line(config, r, rows, record))
@@ -209,9 +212,11 @@ def _read_summary(paths: RunPaths, ledger: Ledger) -> pd.DataFrame:
     return summary[summary["round"].isin(ledger.completed_rounds())].reset_index(drop=True)
 
 
-def _round_record(rows: pd.DataFrame, outcomes: list[PartitionOutcome], elapsed: float) -> dict:
+def _round_record(rows: pd.DataFrame, outcomes: list[PartitionOutcome], elapsed: float,
+                  started_at: float) -> dict:
     n = int(rows["n"].sum())
     return {
+        "started_at": round(started_at, 3),
         "n": n,
         "n_valid": int(rows["n_valid"].sum()),
         "n_unparsed": int(rows["n_unparsed"].sum()),

@@ -138,7 +138,7 @@ def test_series_stays_bounded_and_evenly_spaced():
     for i in range(1000):
         series.add((i,))
     assert len(series.rows) < 10
-    steps = {b[0] - a[0] for a, b in zip(series.rows, series.rows[1:])}
+    steps = {b[0] - a[0] for a, b in zip(series.rows, series.rows[1:], strict=False)}
     assert steps == {series.stride}
 
 
