@@ -181,7 +181,8 @@ def bench_engine(agents: int, parallel: int) -> None:
 @click.option("--concurrency", default=64, show_default=True, type=click.IntRange(min=1),
               help="Requests in flight.")
 def bench_client(n_requests: int, concurrency: int) -> None:
-    """HTTP client cost of the tgi and openai back-ends against a server answering at once."""
+    """HTTP client cost of the tgi and openai back-ends against a server answering at once,
+    and the GPU emulator's server cost (fast profile)."""
     from simpipe.inference.client_bench import format_table, run_client_bench  # noqa: PLC0415
 
     click.echo(format_table(run_client_bench(n_requests, concurrency=concurrency)))

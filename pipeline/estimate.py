@@ -187,7 +187,7 @@ def estimate(ledger: dict, stats: Sequence[GpuStats], gpus_per_server: int = 1,
 
 
 def _r(value: float) -> float:
-    return round(value, 4)
+    return float(f"{value:.6g}")  # six significant digits: readable run.json, no false precision
 
 
 FORMATS = {"wall_s": "{:.1f}", "fleet_busy": "{:.0%}", "busiest_gpu_s": "{:.1f}",
