@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 import aiohttp
@@ -20,7 +20,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from openai.types.chat import completion_create_params as chat_params
 from pydantic import TypeAdapter
 from simpipe.games.answer_format import number_grammar, number_json_schema, number_regex
-from simpipe.inference.base import GenerationRequest, OutputConstraint
+from simpipe.inference.base import Backend, GenerationRequest, OutputConstraint
 from simpipe.inference.emulator import Emulator, EmulatorOptions
 from simpipe.inference.emulator_profiles import get_profile
 from simpipe.inference.openai_compat import OpenAIBackend
@@ -113,6 +113,28 @@ def test_text_generation_client_generate_grammar_stream_and_chat(kind):
     assert isinstance(chat, ChatComplete) and chat.choices[0].message.content
 
 
+async def record_and_replay(make_backend: Callable[[str], Backend]):
+    """Send ``VARIANTS`` through a real back-end to the stub (which records each body), then
+    post every recorded body to each server; TGI ``/generate`` bodies also to ``POST /``
+    (the official client's route). The results, the bodies, ``{(server, i[, "/"]): (status,
+    answer)}``."""
+    async with StubServer() as stub:
+        backend = make_backend(stub.url)
+        results = await backend.generate(VARIANTS)
+        await backend.aclose()
+        bodies = stub.bodies
+    answers = {}
+    for kind in SERVERS:
+        async with serving(kind) as url, aiohttp.ClientSession() as s:
+            for i, rec in enumerate(bodies):
+                async with s.post(url + rec["path"], json=rec["body"]) as r:
+                    answers[kind, i] = (r.status, await r.json())
+                if rec["path"] == "/generate":
+                    async with s.post(url + "/", json=rec["body"]) as r:
+                        answers[kind, i, "/"] = (r.status, await r.json())
+    return results, bodies, answers
+
+
 def _strict_keys(body: dict, model: type, allowed_extra: set[str] = frozenset()) -> None:
     unknown = set(body) - set(model.model_fields) - allowed_extra
     assert not unknown, f"{model.__name__} has no field(s) {sorted(unknown)}: {body}"
@@ -122,24 +144,8 @@ def test_tgi_backend_bodies_and_server_answers_pass_the_official_types():
     """Every body ``TgiBackend`` sends (recorded at the stub) is a valid ``Request`` (or a TGI
     ``ChatRequest``), and both servers' answers to it are valid ``Response``s."""
 
-    async def go():
-        async with StubServer() as stub:
-            backend = TgiBackend(TgiSettings(endpoints=[stub.url]))
-            results = await backend.generate(VARIANTS)
-            await backend.aclose()
-            bodies = stub.bodies
-        answers = {}
-        for kind in SERVERS:
-            async with serving(kind) as url, aiohttp.ClientSession() as s:
-                for i, rec in enumerate(bodies):
-                    async with s.post(url + rec["path"], json=rec["body"]) as r:
-                        answers[kind, i] = (r.status, await r.json())
-                    if rec["path"] == "/generate":  # the client's own route answers a list
-                        async with s.post(url + "/", json=rec["body"]) as r:
-                            answers[kind, i, "/"] = (r.status, await r.json())
-        return results, bodies, answers
-
-    results, bodies, answers = asyncio.run(go())
+    results, bodies, answers = asyncio.run(
+        record_and_replay(lambda url: TgiBackend(TgiSettings(endpoints=[url]))))
     assert [r.status for r in results] == ["ok"] * len(VARIANTS), [r.error for r in results]
     assert len(bodies) == len(VARIANTS)
     for i, rec in enumerate(bodies):
@@ -211,23 +217,9 @@ def test_openai_backend_bodies_and_server_answers_pass_the_official_types(api, c
     its extra fields are only the documented server extensions; both servers' answers are
     valid ``Completion`` / ``ChatCompletion`` objects."""
 
-    async def go():
-        async with StubServer() as stub:
-            settings = OpenAISettings(endpoints=[stub.url], model=MODEL, api=api,
-                                      constraint=constraint)
-            backend = OpenAIBackend(settings)
-            results = await backend.generate(VARIANTS)
-            await backend.aclose()
-            bodies = stub.bodies
-        answers = {}
-        for kind in SERVERS:
-            async with serving(kind) as url, aiohttp.ClientSession() as s:
-                for i, rec in enumerate(bodies):
-                    async with s.post(url + rec["path"], json=rec["body"]) as r:
-                        answers[kind, i] = (r.status, await r.json())
-        return results, bodies, answers
-
-    results, bodies, answers = asyncio.run(go())
+    results, bodies, answers = asyncio.run(record_and_replay(
+        lambda url: OpenAIBackend(OpenAISettings(endpoints=[url], model=MODEL, api=api,
+                                                 constraint=constraint))))
     assert [r.status for r in results] == ["ok"] * len(VARIANTS), [r.error for r in results]
     extensions = {"grammar", "json_schema", "structured_outputs"}  # llama.cpp's and vLLM's
     for i, rec in enumerate(bodies):
