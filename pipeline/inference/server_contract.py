@@ -120,8 +120,8 @@ def prompt_tokens(text: str) -> int:
 
 #: A chain-of-thought answer spends this share of its token budget. Calibration: the paper
 #: this project reproduces ran 1M agents in 12 min with basic prompts and 85 min with CoT
-#: (7.1x); the a100-llama3-8b profile gives 6.8x for ~100 prompt tokens and 3 answer tokens
-#: against ~130 and 205 (0.8 of a 256-token budget).
+#: (7.1x); the a100-llama3-8b profile gives 7.1x for ~100 prompt tokens and 3 answer tokens
+#: against ~130 and 205 (0.8 of the default 256-token budget).
 REASONING_SHARE = 0.8
 _REASONING = ("Others will guess around the middle, and two thirds of that is lower; they "
               "reason the same way, so the target moves down again. ")
