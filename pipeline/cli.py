@@ -47,8 +47,11 @@ def main() -> None:
 @click.option("--force", is_flag=True, help="Replace an existing run directory.")
 @click.option("--cluster", "cluster_name", default=None, metavar="NAME",
               help="Run on a cluster started with `simpipe cluster up` (its servers too).")
+@click.option("--emulate", is_flag=True,
+              help="A dry run: emulated GPU servers replace the configured ones; ends with "
+                   "an estimate of the real run.")
 @set_option
-def run(config_path: str, resume: bool, force: bool, cluster_name: str | None,
+def run(config_path: str, resume: bool, force: bool, cluster_name: str | None, emulate: bool,
         overrides: tuple[str, ...]) -> None:
     """Run the simulation described by CONFIG."""
     from simpipe.cli_cluster import prepared_run_config  # noqa: PLC0415
@@ -58,7 +61,7 @@ def run(config_path: str, resume: bool, force: bool, cluster_name: str | None,
 
     if resume and force:
         _fail("--resume and --force contradict each other: pick one")
-    with prepared_run_config(config_path, overrides, cluster_name) as config:
+    with prepared_run_config(config_path, overrides, cluster_name, emulate) as config:
         try:
             result = run_simulation(config, resume=resume, force=force)
         except (RunDirError, ClusterError) as exc:
@@ -186,7 +189,8 @@ def bench_engine(agents: int, parallel: int) -> None:
 @click.option("--concurrency", default=64, show_default=True, type=click.IntRange(min=1),
               help="Requests in flight.")
 def bench_client(n_requests: int, concurrency: int) -> None:
-    """HTTP client cost of the tgi and openai back-ends against a server answering at once."""
+    """HTTP client cost of the tgi and openai back-ends against a server answering at once,
+    and the GPU emulator's server cost (fast profile)."""
     from simpipe.inference.client_bench import format_table, run_client_bench  # noqa: PLC0415
 
     click.echo(format_table(run_client_bench(n_requests, concurrency=concurrency)))

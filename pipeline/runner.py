@@ -32,6 +32,7 @@ from simpipe.agents.registry import process_counters
 from simpipe.cluster.connect import make_client
 from simpipe.config import Config
 from simpipe.console import Console
+from simpipe.estimate import report_estimate
 from simpipe.files import move_aside, remove_stale_temps, write_parquet_atomic
 from simpipe.games.beauty_contest import Partial, equilibrium, reduce_round
 from simpipe.games.groups import assign_groups
@@ -92,6 +93,7 @@ def run_simulation(config: Config, *, resume: bool = False, force: bool = False,
             ledger.set_state("running", scheduler=dask_client.scheduler.address,
                              pid=os.getpid(), host=socket.gethostname())
             result = _run_rounds(dask_client, config, paths, ledger, console)
+            report_estimate(config, ledger, console)  # emulated servers only: the real run
     except RunCancelled:
         ledger.set_state("interrupted")
         console.line(f"cancelled; resume with: simpipe run CONFIG --resume  ({paths.root})")
@@ -137,6 +139,7 @@ def _run_rounds(client: Client, config: Config, paths: RunPaths, ledger: Ledger,
             raise RunCancelled(str(paths.root))
         winning = _winning_table(summary, int(groups.max()) + 1 if size else 1, r)
         t_round = time.perf_counter()
+        started_at = time.time()  # on the clock emulated servers' stats are aligned to
         outcomes = _play_round(client, config, paths, ledger, console, r, groups, bounds, winning,
                                token)
         partial = Partial.concat([o.partial for o in outcomes])
@@ -145,7 +148,7 @@ def _run_rounds(client: Client, config: Config, paths: RunPaths, ledger: Ledger,
         write_parquet_atomic(summary, paths.summary)
         elapsed = time.perf_counter() - t_round
         round_times.append(elapsed)
-        record = _round_record(rows, outcomes, elapsed)
+        record = _round_record(rows, outcomes, elapsed, started_at)
         ledger.record_round(r, record)
         counters.update()
         console.line(_round_line(config, r, rows, record))
@@ -270,9 +273,11 @@ def _with_round(summary: pd.DataFrame, rows: pd.DataFrame, r: int) -> pd.DataFra
     return merged.sort_values(["round", "group_id"], kind="stable").reset_index(drop=True)
 
 
-def _round_record(rows: pd.DataFrame, outcomes: list[PartitionOutcome], elapsed: float) -> dict:
+def _round_record(rows: pd.DataFrame, outcomes: list[PartitionOutcome], elapsed: float,
+                  started_at: float) -> dict:
     n = int(rows["n"].sum())
     return {
+        "started_at": round(started_at, 3),
         "n": n,
         "n_valid": int(rows["n_valid"].sum()),
         "n_unparsed": int(rows["n_unparsed"].sum()),
