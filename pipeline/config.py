@@ -13,9 +13,18 @@ import json
 import re
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    FiniteFloat,
+    StrictInt,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from simpipe.cluster.config import ClusterConfig
 from simpipe.games.config import GameConfig
@@ -28,6 +37,16 @@ from simpipe.inference.settings import (
 from simpipe.personas.config import PopulationConfig, attribute_labels
 
 
+# The largest TOML integer. Every use of the seed takes it: numpy's SeedSequence (any
+# integer >= 0) and the per-agent request seeds, computed in uint64 (simpipe.agents.llm).
+SEED_MAX = 2**63 - 1
+# The cognitive hierarchy stops at level 20 (simpipe.games.level_k.MAX_LEVEL); its Poisson
+# shares exp(-tau) * tau**k / k! underflow to 0 for tau above ~700.
+DEPTH_LIMIT = 100.0
+# Sleeps the scripted agents take; longer than an hour is a typo, inf would never return.
+LATENCY_LIMIT_S = 3600.0
+
+
 class ConfigError(ValueError):
     """A config problem; ``str(err)`` is ready to print (one line per problem)."""
 
@@ -38,7 +57,7 @@ class _Section(BaseModel):
 
 class RunSection(_Section):
     name: str = "simpipe-run"
-    seed: int = 42
+    seed: StrictInt = Field(42, ge=0, le=SEED_MAX)
     output_dir: str = "results"
 
     @field_validator("name")
@@ -53,11 +72,14 @@ class RunSection(_Section):
 class ScriptedSettings(_Section):
     """Rule-based agents (cognitive hierarchy); no LLM."""
 
-    tau: float = Field(1.5, ge=0)
-    noise: float = Field(0.25, ge=0)
-    latency_s: float = Field(0.0, ge=0)
+    tau: FiniteFloat = Field(1.5, ge=0, le=DEPTH_LIMIT)
+    # The sd of a log-normal factor: exp(10 * a normal draw) still fits a float64.
+    noise: FiniteFloat = Field(0.25, ge=0, le=10)
+    latency_s: FiniteFloat = Field(0.0, ge=0, le=LATENCY_LIMIT_S)
     # attribute -> label -> added to this agent's mean reasoning depth
-    depth_shift: dict[str, dict[str, float]] = Field(default_factory=dict)
+    depth_shift: dict[str, dict[str, Annotated[FiniteFloat, Field(ge=-DEPTH_LIMIT,
+                                                                  le=DEPTH_LIMIT)]]] = Field(
+        default_factory=dict)
 
 
 class AgentsConfig(SamplingSettings):
@@ -171,9 +193,17 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
     """Read a TOML config, apply ``key=value`` overrides, validate. Raises ConfigError."""
     path = Path(path)
     try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+        data = path.read_bytes()
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such config file") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read the config file ({exc.strerror})") from None
+    try:
+        raw = tomllib.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        line = data[:exc.start].count(b"\n") + 1
+        raise ConfigError(f"{path}, line {line}: not UTF-8 text (byte 0x{data[exc.start]:02x}); "
+                          "TOML files are UTF-8: save it as UTF-8") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
     for item in overrides:
