@@ -5,12 +5,14 @@ from __future__ import annotations
 import logging
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
 from distributed import Client, LocalCluster
 
 from simpipe.cluster.config import ClusterConfig
+from simpipe.cluster.ctrl_c import PRELOAD as CTRL_C_PRELOAD
+from simpipe.cluster.ctrl_c import workers_ignore_sigint
 
 
 class ClusterError(RuntimeError):
@@ -37,15 +39,19 @@ def make_client(config: ClusterConfig) -> Iterator[Client]:
             start_workers(cluster, client, config)
             yield client
         return
-    cluster = LocalCluster(
-        n_workers=config.workers,
-        threads_per_worker=config.threads_per_worker,
-        processes=True,
-        memory_limit=config.memory_limit,
-        dashboard_address=config.dashboard_address or None,
-        silence_logs=logging.ERROR,
-    )
-    with cluster, Client(cluster) as client:
+    with ExitStack() as stack:
+        # The terminal's Ctrl-C reaches the whole process group; only the client acts on it.
+        with workers_ignore_sigint():
+            cluster = stack.enter_context(LocalCluster(
+                n_workers=config.workers,
+                threads_per_worker=config.threads_per_worker,
+                processes=True,
+                memory_limit=config.memory_limit,
+                dashboard_address=config.dashboard_address or None,
+                silence_logs=logging.ERROR,
+                preload=[CTRL_C_PRELOAD],
+            ))
+            client = stack.enter_context(Client(cluster))
         yield client
 
 
