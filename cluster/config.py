@@ -144,7 +144,9 @@ class ClusterConfig(_Section):
     workers: StrictInt = Field(2, ge=1)
     threads_per_worker: StrictInt = Field(1, ge=1)
     memory_limit: str = "auto"  # per worker, e.g. "4GiB"; "auto": RAM / workers
-    dashboard_address: str = ":8787"  # "" turns the dashboard off
+    # The Dask dashboard; loopback only, like `simpipe ui` (reach it through an SSH tunnel).
+    # "" turns it off: no HTTP server at all (simpipe.cluster.dashboard_off).
+    dashboard_address: str = "127.0.0.1:8787"
     # address: an existing scheduler, e.g. "tcp://10.0.0.5:8786"
     address: str | None = None
 
@@ -175,6 +177,15 @@ class ClusterConfig(_Section):
     @classmethod
     def _walltime(cls, value: str) -> str:
         walltime_seconds(value)
+        return value
+
+    @field_validator("dashboard_address")
+    @classmethod
+    def _dashboard_address(cls, value: str) -> str:
+        host, sep, port = value.rpartition(":")
+        if value and not (sep and port.isdigit() and int(port) <= 65535 and " " not in host):
+            raise ValueError('expected "host:port" ("127.0.0.1:8787", ":8787" for every '
+                             'interface) or "" for no dashboard')
         return value
 
     @field_validator("memory_limit")

@@ -10,6 +10,7 @@ from typing import Any
 
 from distributed import Client, LocalCluster
 
+from simpipe.cluster import dashboard_off
 from simpipe.cluster.config import ClusterConfig
 from simpipe.cluster.ctrl_c import PRELOAD as CTRL_C_PRELOAD
 from simpipe.cluster.ctrl_c import workers_ignore_sigint
@@ -47,7 +48,7 @@ def make_client(config: ClusterConfig) -> Iterator[Client]:
                 threads_per_worker=config.threads_per_worker,
                 processes=True,
                 memory_limit=config.memory_limit,
-                dashboard_address=config.dashboard_address or None,
+                scheduler_kwargs=dashboard_off.scheduler_options(config.dashboard_address),
                 silence_logs=logging.ERROR,
                 preload=[CTRL_C_PRELOAD],
             ))
@@ -57,11 +58,7 @@ def make_client(config: ClusterConfig) -> Iterator[Client]:
 
 def slurm_cluster_kwargs(config: ClusterConfig, job_name: str = "simpipe-worker") -> dict[str, Any]:
     """The ``dask_jobqueue.SLURMCluster`` arguments for a ``[cluster]`` section."""
-    scheduler_options = dict(config.scheduler_options)
-    if config.dashboard_address:
-        scheduler_options.setdefault("dashboard_address", config.dashboard_address)
-    else:
-        scheduler_options.setdefault("dashboard", False)
+    scheduler_options = dashboard_scheduler_options(config)
     kwargs: dict[str, Any] = {
         "queue": config.queue,
         "account": config.account,
@@ -80,6 +77,23 @@ def slurm_cluster_kwargs(config: ClusterConfig, job_name: str = "simpipe-worker"
         "job_name": job_name,
     }
     return {k: v for k, v in kwargs.items() if v is not None}
+
+
+def dashboard_scheduler_options(config: ClusterConfig) -> dict[str, Any]:
+    """``cluster.scheduler_options`` with the dashboard settings: ``dashboard_address``
+    (loopback by default), or, for ``""``, no HTTP server at all (see dashboard_off)."""
+    options = {**dashboard_off.scheduler_options(config.dashboard_address),
+               **config.scheduler_options}
+    if not config.dashboard_address:
+        options["preload"] = [*_as_list(config.scheduler_options.get("preload")),
+                              dashboard_off.PRELOAD]
+    return options
+
+
+def _as_list(value: Any) -> list[Any]:
+    if value is None:
+        return []
+    return [value] if isinstance(value, str) else list(value)
 
 
 @contextmanager

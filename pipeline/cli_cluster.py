@@ -220,6 +220,7 @@ def batch_task(config_path: str, overrides: tuple[str, ...]) -> None:
     from distributed import Client  # noqa: PLC0415
 
     from simpipe.cluster.batch import batch_endpoints  # noqa: PLC0415
+    from simpipe.cluster.connect import dashboard_scheduler_options  # noqa: PLC0415
     from simpipe.cluster.servers import wait_urls_healthy  # noqa: PLC0415
     from simpipe.runner import run_simulation  # noqa: PLC0415
 
@@ -228,9 +229,8 @@ def batch_task(config_path: str, overrides: tuple[str, ...]) -> None:
     scheduler_file = (Path(config.run.output_dir).resolve() / ".simpipe-batch"
                       / "scheduler-{job_id}.json")
     scheduler_file.parent.mkdir(parents=True, exist_ok=True)
-    scheduler_options = {"dashboard_address": cluster.dashboard_address or ":0",
-                         **({"interface": cluster.interface} if cluster.interface else {}),
-                         **cluster.scheduler_options}
+    scheduler_options = {**({"interface": cluster.interface} if cluster.interface else {}),
+                         **dashboard_scheduler_options(cluster)}
     worker_options = {"nthreads": max(1, cluster.cores // cluster.processes),
                       "memory_limit": cluster.memory_limit if cluster.memory_limit != "auto"
                       else "auto"}

@@ -38,6 +38,7 @@ def validate(*args: str) -> subprocess.CompletedProcess:
     ("run.seed=-1", "run.seed", "greater than or equal to 0"),
     ("agents.tgi.endpoints=[]", "agents.tgi.endpoints", "at least 1 item"),
     ('cluster.memory_limit="abc"', "cluster.memory_limit", "amount of memory"),
+    ('cluster.dashboard_address="abc"', "cluster.dashboard_address", "host:port"),
     ("game.rounds=true", "game.rounds", "valid integer"),
     ("population.partitions=true", "population.partitions", "valid integer"),
     ("population.size=20000000", "population", "at most 2,000,000"),
