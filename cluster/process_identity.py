@@ -32,7 +32,8 @@ def is_process_id(value: object) -> bool:
 
 
 def read_identity(pid: int) -> dict[str, Any] | None:
-    """``{"start_time", "cmdline", "uid"}`` of a live process, None if there is none."""
+    """``{"start_time", "cmdline", "uid"}`` of a running process, None if there is none
+    (or it has exited and waits to be reaped: a zombie has no command line)."""
     proc = Path("/proc") / str(pid)
     try:
         stat = (proc / "stat").read_text()
@@ -42,6 +43,8 @@ def read_identity(pid: int) -> dict[str, Any] | None:
         return None
     # The command name (field 2) is in parentheses and may itself hold spaces or ")".
     fields = stat[stat.rindex(")") + 2:].split()
+    if fields[0] in ("Z", "X"):
+        return None  # exited; only its exit status is left for the parent to collect
     return {"start_time": int(fields[19]),
             "cmdline": [arg.decode(errors="replace") for arg in cmdline.split(b"\0") if arg],
             "uid": uid}

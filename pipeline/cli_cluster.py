@@ -14,7 +14,7 @@ from pathlib import Path
 
 import click
 
-from simpipe.config import Config, ConfigError, load_config
+from simpipe.config import Config, ConfigError, load_config, run_job_log_dir
 
 EXIT_USAGE = 2
 
@@ -112,9 +112,13 @@ def cluster_up(config_path: str, name: str | None, overrides: tuple[str, ...]) -
 
     config = _load(config_path, overrides)
     name = name or Path(config_path).stem
+    cluster = config.cluster
+    if cluster.log_directory == str(run_job_log_dir(config.run.output_dir, config.run.name)):
+        # A persistent cluster outlives any run: its jobs log to the cluster's own folder.
+        cluster = cluster.model_copy(update={"log_directory": None})
     started = time.perf_counter()
     try:
-        state = lifecycle.up(config.cluster, name,
+        state = lifecycle.up(cluster, name,
                              on_progress=lambda phase: click.echo(f"cluster {name}: {phase}"))
     except _cluster_errors() as exc:
         _fail(str(exc))
@@ -184,7 +188,9 @@ def cluster_down(name: str) -> None:
 @click.option("--mem", default=None, help="Memory per node (default from cluster.memory).")
 @click.option("--overcommit", is_flag=True,
               help="Allow more tasks than CPUs (scheduler and client are light; small nodes).")
-@click.option("--job-log", default=None, help="The job's stdout file (default slurm-%j.out).")
+@click.option("--job-log", default=None,
+              help="The job's stdout file (default <run>/logs/slurm/%x-%j.out, or in "
+                   "cluster.log_directory).")
 @click.option("--output", "-o", "output", default=None,
               help="Where to write the script (default <run name>.sbatch; '-' for stdout).")
 @_set
@@ -195,6 +201,12 @@ def sbatch_command(config_path: str, nodes: int, gpus_per_node: int, workers_per
     from simpipe.cluster.batch import BatchOptions, batch_script  # noqa: PLC0415
 
     config = _load(config_path, overrides)
+    if job_log is None:
+        # SLURM does not create the folder of --output; the job would fail without it.
+        log_dir = Path(config.cluster.log_directory
+                       or run_job_log_dir(config.run.output_dir, config.run.name)).absolute()
+        log_dir.mkdir(parents=True, exist_ok=True)
+        job_log = str(log_dir / "%x-%j.out")
     opts = BatchOptions(str(Path(config_path).resolve()), overrides, nodes, gpus_per_node,
                         workers_per_node, f"simpipe-{config.run.name}", job_log, walltime, mem,
                         overcommit=overcommit)

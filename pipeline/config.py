@@ -97,6 +97,30 @@ class Config(_Section):
     agents: AgentsConfig = AgentsConfig()
     cluster: ClusterConfig = ClusterConfig()
 
+    @model_validator(mode="before")
+    @classmethod
+    def _slurm_job_logs_in_the_run(cls, raw: Any) -> Any:
+        # sbatch writes a job's output to the directory it was submitted from unless told
+        # otherwise, which left slurm-<id>.out files wherever simpipe was started.
+        if not isinstance(raw, dict):
+            return raw
+        cluster = raw.get("cluster")
+        if isinstance(cluster, BaseModel):
+            cluster = cluster.model_dump()
+        run = raw.get("run", {})
+        if isinstance(run, BaseModel):
+            run = run.model_dump()
+        if (not isinstance(cluster, dict) or cluster.get("kind") != "slurm"
+                or cluster.get("log_directory") is not None or not isinstance(run, dict)):
+            return raw
+        fields = RunSection.model_fields
+        output_dir = run.get("output_dir", fields["output_dir"].default)
+        name = run.get("name", fields["name"].default)
+        if not isinstance(output_dir, str) or not isinstance(name, str):
+            return raw  # the run section's own validation says what is wrong
+        return {**raw, "cluster": {**cluster,
+                                   "log_directory": str(run_job_log_dir(output_dir, name))}}
+
     @model_validator(mode="after")
     def _depth_shift_names(self) -> "Config":
         attrs = self.population.attributes
@@ -153,6 +177,12 @@ class Config(_Section):
     @property
     def run_dir(self) -> Path:
         return Path(self.run.output_dir) / self.run.name
+
+
+def run_job_log_dir(output_dir: str | Path, name: str) -> Path:
+    """Where the SLURM jobs a run starts write their output, unless cluster.log_directory
+    says otherwise: ``<run>/logs/slurm``, absolute (jobs may start in another directory)."""
+    return (Path(output_dir) / name / "logs" / "slurm").absolute()
 
 
 _PERSONA_AGENT_KEYS = ("backend", "llamacpp", "tgi", "openai")
