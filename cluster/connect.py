@@ -13,7 +13,7 @@ from distributed import Client, LocalCluster
 from simpipe.cluster import dashboard_off
 from simpipe.cluster.config import ClusterConfig
 from simpipe.cluster.ctrl_c import PRELOAD as CTRL_C_PRELOAD
-from simpipe.cluster.ctrl_c import workers_ignore_sigint
+from simpipe.cluster.ctrl_c import import_slurm_cluster, workers_ignore_sigint
 
 
 class ClusterError(RuntimeError):
@@ -99,7 +99,7 @@ def _as_list(value: Any) -> list[Any]:
 @contextmanager
 def slurm_cluster(config: ClusterConfig, job_name: str = "simpipe-worker") -> Iterator[Any]:
     """A started ``SLURMCluster`` (no jobs yet); closing it cancels its jobs."""
-    from dask_jobqueue import SLURMCluster  # noqa: PLC0415 - only SLURM runs pay for it
+    SLURMCluster = import_slurm_cluster()  # noqa: N806 - a class
 
     from simpipe.cluster.slurm import SlurmError, require_controller  # noqa: PLC0415
 

@@ -41,6 +41,20 @@ def workers_ignore_sigint() -> Iterator[None]:
                       signal.default_int_handler if old_handler is None else old_handler)
 
 
+def import_slurm_cluster() -> type:
+    """``dask_jobqueue.SLURMCluster``, imported without its side effect on Ctrl-C.
+
+    Importing dask_jobqueue sets a SIGINT handler that calls ``sys.exit()`` (meant for
+    its SLURMRunner's rank processes): in the client, Ctrl-C then ended a run with exit
+    status 0 and its state "failed". The handler we had stays."""
+    previous = signal.getsignal(signal.SIGINT)
+    from dask_jobqueue import SLURMCluster  # noqa: PLC0415 - only SLURM runs pay for it
+
+    if previous is not None and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, previous)
+    return SLURMCluster
+
+
 def dask_setup(worker: Any) -> None:
     """Worker preload: distributed calls it in the worker process's main thread at start."""
     if threading.current_thread() is threading.main_thread():

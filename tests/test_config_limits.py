@@ -1,26 +1,14 @@
 """Values `simpipe run` cannot play are refused by `simpipe validate`, with the key and the
 allowed range on one line; values at the documented bounds are accepted and work."""
 
-import subprocess
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
+from support import SCRIPTED, one_error_line, simpipe_cli
 from simpipe.agents.llm import agent_seeds
 from simpipe.config import SEED_MAX, load_config
 from simpipe.personas.config import MAX_PARTITION_AGENTS, MAX_POPULATION
 from simpipe.personas.sampling import exact_partition_counts, largest_remainder, partition_bounds
-
-REPO = Path(__file__).resolve().parents[1]
-SCRIPTED = REPO / "examples" / "scripted.toml"
-
-
-def validate(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "simpipe.cli", "validate", *args],
-                          capture_output=True, text=True, cwd=REPO)
-
 
 # Each of these passed `simpipe validate` and then crashed `simpipe run` with a traceback
 # (or, for game.rounds = true, silently played one round).
@@ -44,12 +32,8 @@ def validate(*args: str) -> subprocess.CompletedProcess:
     ("population.size=20000000", "population", "at most 2,000,000"),
 ])
 def test_unplayable_value_exits_2_with_one_line_naming_the_key(override, key, allowed):
-    proc = validate(str(SCRIPTED), "--set", override)
-    assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert "Traceback" not in proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1, lines
-    assert key in lines[0] and allowed in lines[0], lines[0]
+    line = one_error_line(simpipe_cli("validate", str(SCRIPTED), "--set", override))
+    assert key in line and allowed in line, line
 
 
 def test_largest_population_validates_and_its_exact_split_works():
@@ -78,7 +62,7 @@ def test_largest_seed_validates_and_seeds_every_generator():
 
 
 def test_values_at_the_other_bounds_validate():
-    proc = validate(str(SCRIPTED), "--set", "agents.scripted.tau=100",
+    proc = simpipe_cli("validate", str(SCRIPTED), "--set", "agents.scripted.tau=100",
                     "--set", "agents.scripted.latency_s=3600", "--set", "game.low=-1e9",
                     "--set", "game.high=1e9", "--set", 'cluster.memory_limit="4GiB"')
     assert proc.returncode == 0, proc.stderr

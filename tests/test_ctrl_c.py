@@ -12,6 +12,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from simpipe.cluster import slurm
 from simpipe.cluster.config import ClusterConfig
 from simpipe.cluster.connect import make_client
 
@@ -32,10 +33,13 @@ backend = "scripted"
 [agents.scripted]
 latency_s = 1.5
 [cluster]
-kind = "local"
-workers = 2
 dashboard_address = ""
 """
+CLUSTERS = {
+    "local": 'kind = "local"\nworkers = 2\n',
+    "slurm": 'kind = "slurm"\njobs = 1\ncores = 2\nprocesses = 2\nmemory = "2GB"\n'
+             'walltime = "00:10:00"\ninterface = "lo"\n',
+}
 
 
 def simpipe(*args: str, cwd: Path, **kwargs) -> subprocess.Popen:
@@ -51,8 +55,11 @@ def wait_for(predicate, timeout: float, what: str) -> None:
         time.sleep(0.1)
 
 
-def test_ctrl_c_is_one_line_exit_130_and_the_run_resumes(tmp_path):
-    (tmp_path / "c.toml").write_text(CONFIG)
+@pytest.mark.parametrize("kind", ["local", pytest.param("slurm", marks=pytest.mark.slurm)])
+def test_ctrl_c_is_one_line_exit_130_and_the_run_resumes(tmp_path, kind):
+    if kind == "slurm" and (problem := slurm.controller_problem(timeout=10)):
+        pytest.skip(f"no SLURM controller ({problem})")
+    (tmp_path / "c.toml").write_text(CONFIG + CLUSTERS[kind])
     run_dir = tmp_path / "results" / "ctrlc"
     # Its own process group, as a shell gives a foreground job; the SIGINT goes to the whole
     # group, the client and its worker processes alike, as a terminal's Ctrl-C does.
@@ -78,6 +85,19 @@ def test_ctrl_c_is_one_line_exit_130_and_the_run_resumes(tmp_path):
     rounds = pd.read_parquet(run_dir / "rounds")
     assert rounds.groupby("round", observed=True)["agent_id"].nunique().tolist() == [400] * 4
     assert len(rounds) == 1600
+    if kind == "slurm":  # the worker jobs of both invocations are gone
+        logs = run_dir / "logs" / "slurm"
+        ids = {p.stem.rsplit("-", 1)[1] for p in logs.glob("simpipe-worker-*.out")}
+        assert len(ids) == 2 and not wait_ids_gone(ids)
+
+
+def wait_ids_gone(ids: set[str], timeout: float = 60) -> list[str]:
+    """The job ids among ``ids`` that squeue still lists after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while (left := [j for j in ids if j in slurm.jobs(job_ids=sorted(ids))]) and \
+            time.monotonic() < deadline:
+        time.sleep(0.5)
+    return left
 
 
 def _sigint_handler() -> str:
@@ -85,11 +105,14 @@ def _sigint_handler() -> str:
 
 
 def test_local_workers_ignore_sigint_also_after_a_restart():
+    before = signal.getsignal(signal.SIGINT)
     with make_client(ClusterConfig(workers=2, dashboard_address="")) as client:
         started = client.run(_sigint_handler)
         assert set(started.values()) == {repr(signal.SIG_IGN)}
-        client.restart()  # new worker processes, spawned while the client has its handler
+        # New worker processes, spawned while the client has its handler (generous timeout:
+        # a loaded machine takes a while to start them).
+        client.restart(timeout=300)
         restarted = client.run(_sigint_handler)
         assert set(restarted.values()) == {repr(signal.SIG_IGN)}
         assert set(restarted) != set(started)
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert signal.getsignal(signal.SIGINT) is before  # the client's own handler is back

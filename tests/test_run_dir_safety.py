@@ -4,39 +4,23 @@ error line (exit 2), and nothing on disk is touched."""
 import json
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from support import REPO, small_config
+from support import SCRIPTED, one_error_line, simpipe_cli, small_config
 from simpipe.console import Console
 from simpipe.ledger import RunDirError
 from simpipe.runner import run_simulation
 
-SCRIPTED = REPO / "examples" / "scripted.toml"
-
-
 QUIET = Console(quiet=True)
 
 
-def simpipe(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "simpipe.cli", *args], capture_output=True,
-                          text=True, cwd=cwd, timeout=300)
-
-
-def run_cli(tmp_path: Path, output_dir: str, name: str, *extra: str) -> subprocess.CompletedProcess:
-    return simpipe("run", str(SCRIPTED), "--set", f"run.output_dir={json.dumps(output_dir)}",
-                   "--set", f"run.name={name}", "--set", "population.size=100",
-                   "--set", 'cluster.dashboard_address=""', *extra, cwd=tmp_path)
-
-
-def one_error_line(proc: subprocess.CompletedProcess) -> str:
-    assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert "Traceback" not in proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1, lines
-    return lines[0]
+def run_cli(tmp_path: Path, output_dir: str, name: str,
+            *extra: str) -> subprocess.CompletedProcess:
+    return simpipe_cli("run", str(SCRIPTED), "--set", f"run.output_dir={json.dumps(output_dir)}",
+                       "--set", f"run.name={name}", "--set", "population.size=100",
+                       "--set", 'cluster.dashboard_address=""', *extra, cwd=tmp_path)
 
 
 @pytest.fixture
@@ -127,5 +111,5 @@ def test_output_dir_below_a_file_is_one_line(tmp_path):
 def test_config_that_is_not_utf8_is_one_line(tmp_path):
     bad = tmp_path / "latin1.toml"
     bad.write_bytes('[run]\nname = "caf\u00e9"\n'.encode("latin-1"))
-    line = one_error_line(simpipe("validate", str(bad), cwd=tmp_path))
+    line = one_error_line(simpipe_cli("validate", str(bad), cwd=tmp_path))
     assert "latin1.toml, line 2" in line and "UTF-8" in line

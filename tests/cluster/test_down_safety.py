@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from support import one_error_line, simpipe_cli
+
 from simpipe.cluster import lifecycle
 from simpipe.cluster.process_identity import check_manager, own_identity, signal_manager
 from simpipe.cluster.state import StateError, pid_alive, state_path
@@ -26,26 +28,12 @@ def write_state(home: Path, name: str, state: dict) -> Path:
 
 
 def cluster_down(home: Path, name: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "simpipe.cli", "cluster", "down", name],
-                          capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "SIMPIPE_HOME": str(home)})
-
-
-@pytest.fixture
-def bystander():
-    """A process of ours that no cluster started: it must survive every `down`."""
-    proc = subprocess.Popen(["sleep", "300"])
-    yield proc
-    proc.kill()
-    proc.wait()
+    return simpipe_cli("cluster", "down", name, env={**os.environ, "SIMPIPE_HOME": str(home)})
 
 
 def test_down_refuses_to_signal_a_pid_the_state_file_merely_names(tmp_path, bystander):
     path = write_state(tmp_path, "evil", {"manager_pid": bystander.pid})
-    proc = cluster_down(tmp_path, "evil")
-    assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert "Traceback" not in proc.stderr
-    [line] = proc.stderr.strip().splitlines()
+    line = one_error_line(cluster_down(tmp_path, "evil"))
     assert f"process {bystander.pid} runs" in line and "not signalled" in line
     assert bystander.poll() is None  # alive: never signalled
     assert path.exists()  # kept, so nothing is lost

@@ -5,20 +5,9 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 from pathlib import Path
 
-import pytest
-
 from uiserver import ServerThread, raw_request
-
-
-@pytest.fixture
-def bystander():
-    proc = subprocess.Popen(["sleep", "300"])
-    yield proc
-    proc.kill()
-    proc.wait()
 
 
 def test_bring_down_leaves_an_unproven_manager_pid_alone(tmp_path: Path, monkeypatch, bystander):
