@@ -121,7 +121,7 @@ def open_run_dir(paths: RunPaths, config: Config, *, resume: bool, force: bool) 
         _remove_run(root)
     if root.exists() and not root.is_dir():
         raise RunDirError(f"{root} is a file, not a run folder; choose another run.name")
-    if not root.exists() or not any(root.iterdir()):
+    if not root.exists() or _not_started(root):
         try:
             root.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -149,6 +149,13 @@ def open_run_dir(paths: RunPaths, config: Config, *, resume: bool, force: bool) 
             f"{config.game.rounds} rounds); pass --resume to continue it or --force to start over"
         )
     return ledger
+
+
+def _not_started(root: Path) -> bool:
+    """Empty, or holding only what is written before a run starts: the population of
+    ``simpipe population build`` and the logs of SLURM jobs started for the run."""
+    return all(p.name in ("population", "logs") and p.is_dir() and not p.is_symlink()
+               for p in root.iterdir())
 
 
 def _ledger_data(path: Path) -> dict[str, Any] | None:

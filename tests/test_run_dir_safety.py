@@ -80,6 +80,18 @@ def test_force_replaces_everything_simpipe_wrote(tmp_path, finished_run, dask_cl
         "population", "rounds", "run.json", "run.log", "summary.parquet"]
 
 
+def test_a_run_starts_in_the_folder_population_build_prepared(tmp_path):
+    out = tmp_path / "r"
+    common = ("--set", f"run.output_dir={json.dumps(str(out))}", "--set", "run.name=x",
+              "--set", "population.size=100", "--set", 'cluster.dashboard_address=""')
+    built = simpipe_cli("population", "build", str(SCRIPTED), *common, cwd=tmp_path)
+    assert built.returncode == 0, built.stderr
+    (out / "x" / "logs" / "slurm").mkdir(parents=True)  # as a run's server jobs leave it
+    ran = simpipe_cli("run", str(SCRIPTED), *common, "--set", "game.rounds=1", cwd=tmp_path)
+    assert ran.returncode == 0, ran.stderr
+    assert json.loads((out / "x" / "run.json").read_text())["state"] == "finished"
+
+
 def test_force_never_deletes_through_a_symlinked_run_folder(tmp_path, finished_run, dask_client):
     elsewhere = tmp_path / "elsewhere"
     shutil.copytree(finished_run, elsewhere)
