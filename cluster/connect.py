@@ -16,6 +16,22 @@ from simpipe.cluster.ctrl_c import PRELOAD as CTRL_C_PRELOAD
 from simpipe.cluster.ctrl_c import import_slurm_cluster, workers_ignore_sigint
 
 
+class SimpipeClient(Client):
+    """A distributed Client whose ``dashboard_link`` is "" when the scheduler has none.
+
+    Distributed's raises KeyError for a scheduler without a dashboard (ours, with
+    ``cluster.dashboard_address = ""``) unless the client was made from a cluster object,
+    as it is not for ``cluster.kind = "address"`` (``run --cluster``) and ``simpipe sbatch``.
+    """
+
+    @property
+    def dashboard_link(self) -> str:
+        try:
+            return super().dashboard_link or ""
+        except KeyError:
+            return ""
+
+
 class ClusterError(RuntimeError):
     """The cluster could not be started or reached; the message says how to fix it."""
 
@@ -26,7 +42,7 @@ def make_client(config: ClusterConfig) -> Iterator[Client]:
     SLURM jobs cancelled) on exit."""
     if config.kind == "address":
         try:
-            client = Client(config.address, timeout="20s")
+            client = SimpipeClient(config.address, timeout="20s")
         except OSError as exc:
             raise ClusterError(
                 f"cannot reach the Dask scheduler at cluster.address = {config.address!r} "

@@ -229,10 +229,12 @@ def sbatch_command(config_path: str, nodes: int, gpus_per_node: int, workers_per
 def batch_task(config_path: str, overrides: tuple[str, ...]) -> None:
     """One srun task of a `simpipe sbatch` job (scheduler, client or worker by rank)."""
     from dask_jobqueue.slurm import SLURMRunner  # noqa: PLC0415
-    from distributed import Client  # noqa: PLC0415
 
     from simpipe.cluster.batch import batch_endpoints  # noqa: PLC0415
-    from simpipe.cluster.connect import dashboard_scheduler_options  # noqa: PLC0415
+    from simpipe.cluster.connect import (  # noqa: PLC0415
+        SimpipeClient,
+        dashboard_scheduler_options,
+    )
     from simpipe.cluster.servers import wait_urls_healthy  # noqa: PLC0415
     from simpipe.runner import run_simulation  # noqa: PLC0415
 
@@ -253,7 +255,7 @@ def batch_task(config_path: str, overrides: tuple[str, ...]) -> None:
     # Scheduler and worker ranks block inside SLURMRunner and exit there; only the client
     # rank (1) gets past this line.
     with SLURMRunner(scheduler_file=str(scheduler_file), scheduler_options=scheduler_options,
-                     worker_options=worker_options) as runner, Client(runner) as client:
+                     worker_options=worker_options) as runner, SimpipeClient(runner) as client:
         client.wait_for_workers(runner.n_workers, timeout=cluster.start_timeout_s)
         urls = batch_endpoints(cluster)
         extra: list[str] = []

@@ -75,3 +75,12 @@ def test_slurm_scheduler_dashboard_follows_the_config(address, slurm_controller)
     else:
         assert {port for _, port in opened} == {scheduler_port}, opened
         assert not link
+
+
+def test_a_client_of_a_scheduler_without_dashboard_has_an_empty_link():
+    # `run --cluster NAME` connects by address to a scheduler that may have no dashboard.
+    with make_client(ClusterConfig(workers=1, dashboard_address="")) as first:
+        address = first.scheduler.address
+        with make_client(ClusterConfig(kind="address", address=address)) as client:
+            assert client.dashboard_link == ""
+            assert client.submit(sum, [2, 3]).result() == 5
