@@ -117,11 +117,13 @@ def open_run_dir(paths: RunPaths, config: Config, *, resume: bool, force: bool) 
     if output_dir.exists() and not output_dir.is_dir():
         raise RunDirError(f"run.output_dir = {str(output_dir)!r} is a file, not a folder; "
                           "set run.output_dir to a folder")
-    if force and (root.exists() or root.is_symlink()):
-        _remove_run(root)
     if root.exists() and not root.is_dir():
         raise RunDirError(f"{root} is a file, not a run folder; choose another run.name")
-    if not root.exists() or _not_started(root):
+    fresh = not root.exists() or _not_started(root)
+    if force and (root.is_symlink() or not fresh):
+        _remove_run(root)
+        fresh = True
+    if fresh:
         try:
             root.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -174,9 +176,6 @@ def _remove_run(root: Path) -> None:
     if root.is_symlink():
         raise RunDirError(f"{root} is a symbolic link; --force never deletes through a link: "
                           "remove the link yourself or choose another run.name")
-    if not root.is_dir():
-        raise RunDirError(f"{root} is a file, not a run folder; --force only replaces runs: "
-                          "choose another run.name")
     if _ledger_data(root / "run.json") is None:
         raise RunDirError(f"{root} is not a simpipe run (no valid run.json), so --force leaves "
                           "it alone; choose another run.name or run.output_dir")

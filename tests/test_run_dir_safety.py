@@ -10,7 +10,9 @@ import pytest
 
 from support import SCRIPTED, one_error_line, simpipe_cli, small_config
 from simpipe.console import Console
+from simpipe.layout import RunPaths
 from simpipe.ledger import RunDirError
+from simpipe.population import ensure_population
 from simpipe.runner import run_simulation
 
 QUIET = Console(quiet=True)
@@ -90,6 +92,15 @@ def test_a_run_starts_in_the_folder_population_build_prepared(tmp_path):
     ran = simpipe_cli("run", str(SCRIPTED), *common, "--set", "game.rounds=1", cwd=tmp_path)
     assert ran.returncode == 0, ran.stderr
     assert json.loads((out / "x" / "run.json").read_text())["state"] == "finished"
+
+
+def test_force_in_a_folder_holding_only_a_built_population_just_runs(tmp_path, dask_client):
+    # What `simpipe bench engine` does: build the population, then run with force=True.
+    config = small_config(tmp_path, run={"name": "x"}, population={"size": 40, "partitions": 2},
+                          game={"rounds": 1})
+    ensure_population(dask_client, config, RunPaths(config.run_dir))
+    result = run_simulation(config, client=dask_client, console=QUIET, force=True)
+    assert result.state == "finished"
 
 
 def test_force_never_deletes_through_a_symlinked_run_folder(tmp_path, finished_run, dask_client):
