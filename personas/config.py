@@ -25,8 +25,8 @@ RESERVED_COLUMNS = frozenset(
 # Exact sampling splits label counts over partitions with numpy's multivariate
 # hypergeometric draw, which needs a total below 10**9 (group ids are int32 as well).
 MAX_POPULATION = 10**9 - 1
-# A partition is one task's working set: ~200 bytes per scripted agent (measured at 1-2
-# million), a few KB per LLM agent (prompt, answer, history).
+# A partition is one task's working set: 180-210 bytes per scripted agent and round
+# (measured on one partition of 1 and 2 million agents); LLM agents add their prompt texts.
 MAX_PARTITION_AGENTS = 2_000_000
 # Every population task computes the whole (partitions x labels) split: 0.08 s per
 # attribute at 10,000 partitions, so the total grows with the square of this.
