@@ -5,7 +5,16 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from dask.utils import parse_bytes
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    FiniteFloat,
+    StrictInt,
+    field_validator,
+    model_validator,
+)
 
 _WALLTIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d{1,2}))?(?::(\d{1,2}))?$")
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*(s|m|h|d)?$")
@@ -35,6 +44,17 @@ def duration_seconds(text: str) -> float:
     return value * {"s": 1, "m": 60, "h": 3600, "d": 86400}[unit]
 
 
+def memory_amount(text: str) -> str:
+    """An amount of memory such as ``"4GiB"`` or ``"2GB"``, unchanged; ValueError otherwise."""
+    try:
+        amount = parse_bytes(text) if text.strip() else 0
+    except (ValueError, OverflowError):
+        amount = 0
+    if amount <= 0:
+        raise ValueError("expected an amount of memory such as \"4GiB\", \"2GB\" or \"512MB\"")
+    return text
+
+
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -42,8 +62,8 @@ class _Section(BaseModel):
 class AdaptConfig(_Section):
     """``cluster.adapt = {minimum, maximum}``: SLURM jobs follow the task load."""
 
-    minimum: int = Field(0, ge=0)
-    maximum: int = Field(1, ge=1)
+    minimum: StrictInt = Field(0, ge=0)
+    maximum: StrictInt = Field(1, ge=1)
 
     @model_validator(mode="after")
     def _order(self) -> "AdaptConfig":
@@ -85,18 +105,18 @@ class ServersConfig(_Section):
     model: str = ""  # model id (TGI, vLLM) or GGUF path (llama.cpp; "" = the embedded Gemma)
     command: str = ""
     extra_args: str = ""
-    nodes: int = Field(1, ge=1)
-    per_node: int = Field(1, ge=1)  # servers per node: one per GPU on GPU nodes
-    gpus_per_server: int = Field(0, ge=0)
-    cpus_per_server: int = Field(1, ge=1)
+    nodes: StrictInt = Field(1, ge=1)
+    per_node: StrictInt = Field(1, ge=1)  # servers per node: one per GPU on GPU nodes
+    gpus_per_server: StrictInt = Field(0, ge=0)
+    cpus_per_server: StrictInt = Field(1, ge=1)
     memory: str = "4GB"  # per server job
     walltime: str = ""  # "" = cluster.walltime
-    port: int = Field(8300, ge=1, le=65535)  # server i listens on port + i
+    port: StrictInt = Field(8300, ge=1, le=65535)  # server i listens on port + i
     host: str = "0.0.0.0"  # bind address on the node
     container: Literal["none", "apptainer", "singularity"] = "none"
     image: str = ""  # container image (.sif or docker://...)
     container_args: str = ""  # e.g. "--bind /scratch"
-    startup_timeout_s: float = Field(900.0, gt=0)  # model downloads and loads take minutes
+    startup_timeout_s: FiniteFloat = Field(900.0, gt=0)  # model downloads and loads take minutes
     health_path: str = "/health"
     models_path: str = "/v1/models"  # "" skips this check
     job_extra_directives: list[str] = Field(default_factory=list)
@@ -109,6 +129,11 @@ class ServersConfig(_Section):
         if value:
             walltime_seconds(value)
         return value
+
+    @field_validator("memory")
+    @classmethod
+    def _memory(cls, value: str) -> str:
+        return memory_amount(value)
 
     @model_validator(mode="after")
     def _consistent(self) -> "ServersConfig":
@@ -143,10 +168,12 @@ class ServersConfig(_Section):
 class ClusterConfig(_Section):
     kind: Literal["local", "address", "slurm"] = "local"
     # local: a distributed.LocalCluster of worker processes on this machine
-    workers: int = Field(2, ge=1)
-    threads_per_worker: int = Field(1, ge=1)
+    workers: StrictInt = Field(2, ge=1)
+    threads_per_worker: StrictInt = Field(1, ge=1)
     memory_limit: str = "auto"  # per worker, e.g. "4GiB"; "auto": RAM / workers
-    dashboard_address: str = ":8787"  # "" turns the dashboard off
+    # The Dask dashboard; loopback only, like `simpipe ui` (reach it through an SSH tunnel).
+    # "" turns it off: no HTTP server at all (simpipe.cluster.dashboard_off).
+    dashboard_address: str = "127.0.0.1:8787"
     # address: an existing scheduler, e.g. "tcp://10.0.0.5:8786"
     address: str | None = None
 
@@ -154,10 +181,10 @@ class ClusterConfig(_Section):
     queue: str | None = None
     account: str | None = None
     walltime: str = "01:00:00"
-    cores: int = Field(1, ge=1)
+    cores: StrictInt = Field(1, ge=1)
     memory: str = "2GB"
-    processes: int = Field(1, ge=1)
-    jobs: int | None = Field(None, ge=0)  # fixed job count (default 1 unless adapt is set)
+    processes: StrictInt = Field(1, ge=1)
+    jobs: StrictInt | None = Field(None, ge=0)  # fixed job count (default 1 unless adapt is set)
     adapt: AdaptConfig | None = None
     interface: str | None = None  # workers' network interface, e.g. "ib0"
     scheduler_options: dict[str, Any] = Field(default_factory=dict)  # e.g. {interface = "eth0"}
@@ -166,7 +193,7 @@ class ClusterConfig(_Section):
     job_extra_directives: list[str] = Field(default_factory=list)  # e.g. ["--gres=gpu:1"]
     job_script_prologue: list[str] = Field(default_factory=list)  # e.g. ["module load cuda"]
     python: str | None = None  # the Python on the nodes; default: this interpreter
-    start_timeout_s: float = Field(600.0, gt=0)  # for the first workers to connect
+    start_timeout_s: FiniteFloat = Field(600.0, gt=0)  # for the first workers to connect
     # "auto": retire workers before SLURM kills them at walltime (see worker_lifetime_args);
     # "none": no lifetime; or a duration such as "55m"
     worker_lifetime: str = "auto"
@@ -178,6 +205,25 @@ class ClusterConfig(_Section):
     def _walltime(cls, value: str) -> str:
         walltime_seconds(value)
         return value
+
+    @field_validator("dashboard_address")
+    @classmethod
+    def _dashboard_address(cls, value: str) -> str:
+        host, sep, port = value.rpartition(":")
+        if value and not (sep and port.isdigit() and int(port) <= 65535 and " " not in host):
+            raise ValueError('expected "host:port" ("127.0.0.1:8787", ":8787" for every '
+                             'interface) or "" for no dashboard')
+        return value
+
+    @field_validator("memory_limit")
+    @classmethod
+    def _memory_limit(cls, value: str) -> str:
+        return value if value == "auto" else memory_amount(value)
+
+    @field_validator("memory")
+    @classmethod
+    def _memory(cls, value: str) -> str:
+        return memory_amount(value)
 
     @model_validator(mode="after")
     def _consistent(self) -> "ClusterConfig":

@@ -5,12 +5,31 @@ from __future__ import annotations
 import logging
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
 from distributed import Client, LocalCluster
 
+from simpipe.cluster import dashboard_off
 from simpipe.cluster.config import ClusterConfig
+from simpipe.cluster.ctrl_c import PRELOAD as CTRL_C_PRELOAD
+from simpipe.cluster.ctrl_c import import_slurm_cluster, workers_ignore_sigint
+
+
+class SimpipeClient(Client):
+    """A distributed Client whose ``dashboard_link`` is "" when the scheduler has none.
+
+    Distributed's raises KeyError for a scheduler without a dashboard (ours, with
+    ``cluster.dashboard_address = ""``) unless the client was made from a cluster object,
+    as it is not for ``cluster.kind = "address"`` (``run --cluster``) and ``simpipe sbatch``.
+    """
+
+    @property
+    def dashboard_link(self) -> str:
+        try:
+            return super().dashboard_link or ""
+        except KeyError:
+            return ""
 
 
 class ClusterError(RuntimeError):
@@ -23,7 +42,7 @@ def make_client(config: ClusterConfig) -> Iterator[Client]:
     SLURM jobs cancelled) on exit."""
     if config.kind == "address":
         try:
-            client = Client(config.address, timeout="20s")
+            client = SimpipeClient(config.address, timeout="20s")
         except OSError as exc:
             raise ClusterError(
                 f"cannot reach the Dask scheduler at cluster.address = {config.address!r} "
@@ -37,25 +56,25 @@ def make_client(config: ClusterConfig) -> Iterator[Client]:
             start_workers(cluster, client, config)
             yield client
         return
-    cluster = LocalCluster(
-        n_workers=config.workers,
-        threads_per_worker=config.threads_per_worker,
-        processes=True,
-        memory_limit=config.memory_limit,
-        dashboard_address=config.dashboard_address or None,
-        silence_logs=logging.ERROR,
-    )
-    with cluster, Client(cluster) as client:
+    with ExitStack() as stack:
+        # The terminal's Ctrl-C reaches the whole process group; only the client acts on it.
+        with workers_ignore_sigint():
+            cluster = stack.enter_context(LocalCluster(
+                n_workers=config.workers,
+                threads_per_worker=config.threads_per_worker,
+                processes=True,
+                memory_limit=config.memory_limit,
+                scheduler_kwargs=dashboard_off.scheduler_options(config.dashboard_address),
+                silence_logs=logging.ERROR,
+                preload=[CTRL_C_PRELOAD],
+            ))
+            client = stack.enter_context(Client(cluster))
         yield client
 
 
 def slurm_cluster_kwargs(config: ClusterConfig, job_name: str = "simpipe-worker") -> dict[str, Any]:
     """The ``dask_jobqueue.SLURMCluster`` arguments for a ``[cluster]`` section."""
-    scheduler_options = dict(config.scheduler_options)
-    if config.dashboard_address:
-        scheduler_options.setdefault("dashboard_address", config.dashboard_address)
-    else:
-        scheduler_options.setdefault("dashboard", False)
+    scheduler_options = dashboard_scheduler_options(config)
     kwargs: dict[str, Any] = {
         "queue": config.queue,
         "account": config.account,
@@ -76,10 +95,27 @@ def slurm_cluster_kwargs(config: ClusterConfig, job_name: str = "simpipe-worker"
     return {k: v for k, v in kwargs.items() if v is not None}
 
 
+def dashboard_scheduler_options(config: ClusterConfig) -> dict[str, Any]:
+    """``cluster.scheduler_options`` with the dashboard settings: ``dashboard_address``
+    (loopback by default), or, for ``""``, no HTTP server at all (see dashboard_off)."""
+    options = {**dashboard_off.scheduler_options(config.dashboard_address),
+               **config.scheduler_options}
+    if not config.dashboard_address:
+        options["preload"] = [*_as_list(config.scheduler_options.get("preload")),
+                              dashboard_off.PRELOAD]
+    return options
+
+
+def _as_list(value: Any) -> list[Any]:
+    if value is None:
+        return []
+    return [value] if isinstance(value, str) else list(value)
+
+
 @contextmanager
 def slurm_cluster(config: ClusterConfig, job_name: str = "simpipe-worker") -> Iterator[Any]:
     """A started ``SLURMCluster`` (no jobs yet); closing it cancels its jobs."""
-    from dask_jobqueue import SLURMCluster  # noqa: PLC0415 - only SLURM runs pay for it
+    SLURMCluster = import_slurm_cluster()  # noqa: N806 - a class
 
     from simpipe.cluster.slurm import SlurmError, require_controller  # noqa: PLC0415
 

@@ -14,13 +14,14 @@ from typing import Any
 from simpipe.cluster import servers as srv
 from simpipe.cluster import slurm
 from simpipe.cluster.config import ClusterConfig
+from simpipe.cluster.process_identity import check_manager, signal_manager
 from simpipe.cluster.state import (
     StateError,
-    pid_alive,
     read_state,
     remove_state,
     state_path,
     work_dir,
+    worker_job_name,
 )
 
 
@@ -32,7 +33,7 @@ def up(cfg: ClusterConfig, name: str,
     slurm.require_controller()
     if state_path(name).exists():
         old = read_state(name)
-        if pid_alive(old.get("manager_pid")):
+        if check_manager(old).verdict == "ours":
             raise StateError(f"cluster {name!r} is already up (manager pid "
                              f"{old['manager_pid']}); `simpipe cluster down {name}` first")
         down(name)  # a stale state from a crashed manager: clean its jobs first
@@ -85,7 +86,7 @@ def status(name: str) -> dict[str, Any]:
     state = read_state(name)
     report: dict[str, Any] = {"name": name, "state": state.get("state"),
                               "scheduler": state.get("scheduler"),
-                              "manager_alive": pid_alive(state.get("manager_pid")),
+                              "manager_alive": check_manager(state).verdict == "ours",
                               "workers": [], "servers": [], "jobs": []}
     if state.get("scheduler") and report["manager_alive"]:
         report["workers"] = _workers(state["scheduler"])
@@ -97,9 +98,8 @@ def status(name: str) -> dict[str, Any]:
                                   "health": "ok" if problem is None else problem,
                                   "requests": srv.requests_served(s["url"]) if s.get("url")
                                   else None})
-    for job_name in (state.get("worker_job_name"), state.get("server_job_name")):
-        if job_name:
-            report["jobs"] += [j.__dict__ for j in slurm.jobs(name=job_name).values()]
+    for job_name in _job_names(name):
+        report["jobs"] += [j.__dict__ for j in slurm.jobs(name=job_name).values()]
     return report
 
 
@@ -128,38 +128,52 @@ def _workers(address: str) -> list[dict[str, Any]]:
 
 def down(name: str, timeout: float = 60.0) -> list[str]:
     """Stop the manager, cancel every job of this cluster, remove its state; the job ids
-    that were still known to SLURM."""
+    that were still known to SLURM.
+
+    The manager is signalled only if it is proven to be the process that cluster's manager
+    started as (simpipe.cluster.process_identity); a state file naming any other process
+    gets a StateError, after the cluster's jobs are cancelled, and is kept."""
     try:
         state = read_state(name)
     except StateError:
         state = {}
-    pid = state.get("manager_pid")
-    if pid_alive(pid):
-        os.kill(pid, signal.SIGTERM)
+    manager = check_manager(state)
+    if manager.verdict == "ours" and signal_manager(state, signal.SIGTERM):
         deadline = time.monotonic() + timeout
-        while pid_alive(pid) and time.monotonic() < deadline:
-            _reap(pid)
+        while check_manager(state).verdict == "ours" and time.monotonic() < deadline:
+            _reap(manager.pid)
             time.sleep(0.2)
-        if pid_alive(pid):
-            os.kill(pid, signal.SIGKILL)
-            _reap(pid)
-    names = [n for n in (state.get("worker_job_name"), state.get("server_job_name")) if n]
-    names = names or [f"simpipe-{name}-worker", srv.job_name(name)]
-    left: list[str] = []
-    ids = [*state.get("worker_jobs", []), *(s["job_id"] for s in state.get("servers", []))]
-    if slurm.controller_problem() is None:
-        for job_name in names:
-            left += list(slurm.jobs(name=job_name))
-        slurm.cancel(sorted(set(left) | set(ids)))
-        # Wait until the jobs are gone, so "down" means nothing is running any more.
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            alive = [j for n in names for j in slurm.jobs(name=n).values()]
-            if not alive:
-                break
-            time.sleep(0.5)
+        if signal_manager(state, signal.SIGKILL):
+            _reap(manager.pid)
+    cancelled = _cancel_jobs(name)
+    if manager.verdict == "unproven":
+        raise StateError(
+            f"cluster {name!r}: {manager.reason}, so it was not signalled; the cluster's SLURM "
+            f"jobs were cancelled by name ({len(cancelled)}); {state_path(name)} is kept: "
+            "delete it once you know that process is not the cluster's manager")
     remove_state(name)
-    return sorted(set(left) | set(ids))
+    return cancelled
+
+
+def _job_names(name: str) -> list[str]:
+    # From the cluster's name, never from the state file: what a manager names its jobs.
+    return [worker_job_name(name), srv.job_name(name)]
+
+
+def _cancel_jobs(name: str) -> list[str]:
+    """Cancel this cluster's SLURM jobs (found by name) and wait until they are gone, so
+    "down" means nothing runs any more; their ids."""
+    if slurm.controller_problem() is not None:
+        return []
+    names = _job_names(name)
+    ids = sorted({job for job_name in names for job in slurm.jobs(name=job_name)})
+    slurm.cancel(ids)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if not any(slurm.jobs(name=job_name) for job_name in names):
+            break
+        time.sleep(0.5)
+    return ids
 
 
 def _reap(pid: int) -> None:

@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import signal
-import socket
 import sys
 import threading
 import time
@@ -25,13 +23,10 @@ from simpipe.cluster import servers as srv
 from simpipe.cluster import slurm
 from simpipe.cluster.config import ClusterConfig
 from simpipe.cluster.connect import ClusterError, start_workers, slurm_cluster
-from simpipe.cluster.state import update_state, work_dir
+from simpipe.cluster.process_identity import own_identity
+from simpipe.cluster.state import update_state, work_dir, worker_job_name
 
 REFRESH_S = 2.0
-
-
-def worker_job_name(name: str) -> str:
-    return f"simpipe-{name}-worker"
 
 
 def _worker_jobs(cluster: Any) -> list[str]:
@@ -47,8 +42,9 @@ def serve(name: str) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     started = time.monotonic()
-    update_state(name, state="starting", manager_pid=os.getpid(),
-                 manager_host=socket.gethostname(), worker_job_name=worker_job_name(name),
+    # Its identity (pid, host, start time, command line): `cluster down` signals this process
+    # only if all of it still matches.
+    update_state(name, state="starting", **own_identity(), worker_job_name=worker_job_name(name),
                  server_job_name=srv.job_name(name), log_dir=log_dir,
                  endpoint_backend=cfg.servers.endpoint_backend, started_at=time.time())
     if cfg.log_directory is None:

@@ -13,6 +13,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from simpipe.cluster.process_identity import is_process_id
+
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
@@ -78,8 +80,14 @@ def remove_state(name: str) -> None:
     state_path(name).unlink(missing_ok=True)
 
 
-def pid_alive(pid: int | None) -> bool:
-    if not pid:
+def worker_job_name(name: str) -> str:
+    """The SLURM job name of cluster ``name``'s Dask workers."""
+    return f"simpipe-{check_name(name)}-worker"
+
+
+def pid_alive(pid: object) -> bool:
+    """Whether a process with this id exists (False for anything but a process id)."""
+    if not is_process_id(pid):
         return False
     try:
         os.kill(pid, 0)

@@ -2,10 +2,23 @@
 
 from __future__ import annotations
 
+import math
 from fractions import Fraction
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    FiniteFloat,
+    StrictInt,
+    field_validator,
+    model_validator,
+)
+
+# Guesses, targets and the agents' noise are computed in float64; a range this wide keeps
+# every difference (high - low, guess - equilibrium) finite, and no game needs more.
+VALUE_LIMIT = 1e9
 
 
 def parse_ratio(value: object) -> Fraction:
@@ -27,11 +40,11 @@ class GameConfig(BaseModel):
 
     kind: Literal["beauty_contest"] = "beauty_contest"
     ratio: str = "2/3"
-    offset: float = 0.0
-    low: float = 0.0
-    high: float = 100.0
-    rounds: int = Field(3, ge=1)
-    group_size: int = Field(0, ge=0)
+    offset: FiniteFloat = Field(0.0, ge=-VALUE_LIMIT, le=VALUE_LIMIT)
+    low: FiniteFloat = Field(0.0, ge=-VALUE_LIMIT, le=VALUE_LIMIT)
+    high: FiniteFloat = Field(100.0, ge=-VALUE_LIMIT, le=VALUE_LIMIT)
+    rounds: StrictInt = Field(3, ge=1)
+    group_size: StrictInt = Field(0, ge=0)
     prompt: Literal["basic", "cot"] = "basic"
     disclose_variant: bool = False
 
@@ -46,8 +59,14 @@ class GameConfig(BaseModel):
     @field_validator("ratio")
     @classmethod
     def _ratio_positive(cls, value: str) -> str:
-        if parse_ratio(value) <= 0:
-            raise ValueError("the ratio must be > 0")
+        ratio = parse_ratio(value)
+        # An exact fraction can be beyond float range ("1e400") or round to 0 ("1e-400").
+        try:
+            as_float = float(ratio)
+        except OverflowError:
+            as_float = math.inf
+        if not 0 < as_float < math.inf:
+            raise ValueError("the ratio must be a finite number > 0 (as a float64)")
         return value
 
     @model_validator(mode="after")

@@ -5,7 +5,16 @@ from __future__ import annotations
 import math
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    FiniteFloat,
+    StrictInt,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from simpipe.personas.templates import default_template, template_fields
 
@@ -13,6 +22,16 @@ DEFAULT_ROW = "default"  # the `values_given` row for parent labels without thei
 RESERVED_COLUMNS = frozenset(
     {"agent_id", "persona", "persona_source", "group_id", "round", "guess", "status"}
 )
+# Exact sampling splits label counts over partitions with numpy's multivariate
+# hypergeometric draw, which needs a total below 10**9 (group ids are int32 as well).
+MAX_POPULATION = 10**9 - 1
+# A partition is one task's working set: 180-210 bytes per scripted agent and round
+# (measured on one partition of 1 and 2 million agents); LLM agents add their prompt texts.
+MAX_PARTITION_AGENTS = 2_000_000
+# Every population task computes the whole (partitions x labels) split: 0.08 s per
+# attribute at 10,000 partitions, so the total grows with the square of this.
+MAX_PARTITIONS = 10_000
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 
 class _Section(BaseModel):
@@ -49,11 +68,12 @@ class IntegerAttribute(_Section):
     """``min``/``max``: integers, both ends included; uniform, or a rounded normal
     (``distribution = "normal"``, ``mean``, ``sd``) clipped to ``[min, max]``."""
 
-    min: int
-    max: int
+    # max + 1 is the exclusive bound of numpy's int64 draw.
+    min: StrictInt = Field(ge=INT64_MIN, le=INT64_MAX - 1)
+    max: StrictInt = Field(ge=INT64_MIN, le=INT64_MAX - 1)
     distribution: Literal["uniform", "normal"] = "uniform"
-    mean: float | None = None
-    sd: float | None = Field(None, gt=0)
+    mean: FiniteFloat | None = None
+    sd: FiniteFloat | None = Field(None, gt=0)
 
     @model_validator(mode="after")
     def _order(self) -> "IntegerAttribute":
@@ -119,12 +139,12 @@ class PersonaConfig(_Section):
     # In "llm" mode it is the fallback for generations that fail validation.
     template: str | None = None
     # --- "llm" mode: the meta-prompt and how its output is checked ---
-    max_tokens: int = Field(120, ge=8, le=4096)
-    temperature: float = Field(0.8, ge=0)
-    top_p: float = Field(0.95, gt=0, le=1)
-    retries: int = Field(2, ge=0, le=10)  # extra attempts (new seeds) before the fallback
-    min_chars: int = Field(40, ge=1)  # bounds on the generated description
-    max_chars: int = Field(600, ge=1)
+    max_tokens: StrictInt = Field(120, ge=8, le=4096)
+    temperature: FiniteFloat = Field(0.8, ge=0)
+    top_p: FiniteFloat = Field(0.95, gt=0, le=1)
+    retries: StrictInt = Field(2, ge=0, le=10)  # extra attempts (new seeds) before the fallback
+    min_chars: StrictInt = Field(40, ge=1)  # bounds on the generated description
+    max_chars: StrictInt = Field(600, ge=1)
     # Attributes the output is checked against; None: "age" / "gender" when they exist.
     age_attribute: str | None = None
     gender_attribute: str | None = None
@@ -141,9 +161,9 @@ class PersonaConfig(_Section):
 
 
 class PopulationConfig(_Section):
-    size: int = Field(1000, ge=1)
-    partitions: int | None = Field(None, ge=1)
-    partition_size: int | None = Field(None, ge=1)
+    size: StrictInt = Field(1000, ge=1, le=MAX_POPULATION)
+    partitions: StrictInt | None = Field(None, ge=1, le=MAX_PARTITIONS)
+    partition_size: StrictInt | None = Field(None, ge=1, le=MAX_PARTITION_AGENTS)
     sampling: Literal["exact", "random"] = "exact"
     attributes: dict[str, Attribute] = Field(default_factory=dict)
     persona: PersonaConfig = PersonaConfig()
@@ -216,6 +236,22 @@ class PopulationConfig(_Section):
     def _one_split(self) -> "PopulationConfig":
         if self.partitions is not None and self.partition_size is not None:
             raise ValueError("set population.partitions or population.partition_size, not both")
+        return self
+
+    @model_validator(mode="after")
+    def _partition_limits(self) -> PopulationConfig:
+        n = self.n_partitions
+        if n > MAX_PARTITIONS:
+            raise ValueError(f"population.partition_size = {self.partition_size:,} makes {n:,} "
+                             f"partitions of {self.size:,} agents; at most {MAX_PARTITIONS:,}: "
+                             "raise population.partition_size")
+        per_partition = math.ceil(self.size / n)
+        if per_partition > MAX_PARTITION_AGENTS:
+            need = math.ceil(self.size / MAX_PARTITION_AGENTS)
+            raise ValueError(f"population.size = {self.size:,} in {n:,} partitions is "
+                             f"{per_partition:,} agents per partition; at most "
+                             f"{MAX_PARTITION_AGENTS:,}: set population.partitions >= {need:,} "
+                             f"or population.partition_size <= {MAX_PARTITION_AGENTS:,}")
         return self
 
     @model_validator(mode="after")

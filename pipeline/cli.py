@@ -6,6 +6,7 @@ here prints a traceback for a mistake the user can fix.
 
 from __future__ import annotations
 
+import shlex
 import sys
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import click
 from simpipe.config import Config, ConfigError, load_config
 
 EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for Ctrl-C
 
 
 def _load(config_path: str, overrides: tuple[str, ...]) -> Config:
@@ -61,13 +63,22 @@ def run(config_path: str, resume: bool, force: bool, cluster_name: str | None, e
 
     if resume and force:
         _fail("--resume and --force contradict each other: pick one")
-    with prepared_run_config(config_path, overrides, cluster_name, emulate) as config:
-        try:
-            result = run_simulation(config, resume=resume, force=force)
-        except (RunDirError, ClusterError) as exc:
-            _fail(str(exc))
-        except RunCancelled:
-            sys.exit(3)
+    try:
+        with prepared_run_config(config_path, overrides, cluster_name, emulate) as config:
+            try:
+                result = run_simulation(config, resume=resume, force=force)
+            except (RunDirError, ClusterError) as exc:
+                _fail(str(exc))
+            except RunCancelled:
+                sys.exit(3)
+    except KeyboardInterrupt:
+        # The runner has marked the run interrupted; finished partitions are on disk.
+        again = " ".join(["simpipe run", shlex.quote(config_path),
+                          *(f"--set {shlex.quote(item)}" for item in overrides),
+                          *([f"--cluster {shlex.quote(cluster_name)}"] if cluster_name else []),
+                          "--resume"])
+        click.echo(f"interrupted; resume with: {again}", err=True)
+        sys.exit(EXIT_INTERRUPTED)
     click.echo(f"results: {result.run_dir}  ({result.wall_s:.1f} s)")
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import click
 
-from simpipe.config import Config, ConfigError, load_config
+from simpipe.config import Config, ConfigError, load_config, run_job_log_dir
 
 EXIT_USAGE = 2
 
@@ -174,9 +174,13 @@ def cluster_up(config_path: str, name: str | None, emulate: bool,
 
     config = _loader(config_path, overrides, emulate)()
     name = name or Path(config_path).stem
+    cluster = config.cluster
+    if cluster.log_directory == str(run_job_log_dir(config.run.output_dir, config.run.name)):
+        # A persistent cluster outlives any run: its jobs log to the cluster's own folder.
+        cluster = cluster.model_copy(update={"log_directory": None})
     started = time.perf_counter()
     try:
-        state = lifecycle.up(config.cluster, name,
+        state = lifecycle.up(cluster, name,
                              on_progress=lambda phase: click.echo(f"cluster {name}: {phase}"))
     except _cluster_errors() as exc:
         _fail(str(exc))
@@ -246,7 +250,9 @@ def cluster_down(name: str) -> None:
 @click.option("--mem", default=None, help="Memory per node (default from cluster.memory).")
 @click.option("--overcommit", is_flag=True,
               help="Allow more tasks than CPUs (scheduler and client are light; small nodes).")
-@click.option("--job-log", default=None, help="The job's stdout file (default slurm-%j.out).")
+@click.option("--job-log", default=None,
+              help="The job's stdout file (default <run>/logs/slurm/%x-%j.out, or in "
+                   "cluster.log_directory).")
 @click.option("--output", "-o", "output", default=None,
               help="Where to write the script (default <run name>.sbatch; '-' for stdout).")
 @_set
@@ -257,6 +263,12 @@ def sbatch_command(config_path: str, nodes: int, gpus_per_node: int, workers_per
     from simpipe.cluster.batch import BatchOptions, batch_script  # noqa: PLC0415
 
     config = _load(config_path, overrides)
+    if job_log is None:
+        # SLURM does not create the folder of --output; the job would fail without it.
+        log_dir = Path(config.cluster.log_directory
+                       or run_job_log_dir(config.run.output_dir, config.run.name)).absolute()
+        log_dir.mkdir(parents=True, exist_ok=True)
+        job_log = str(log_dir / "%x-%j.out")
     opts = BatchOptions(str(Path(config_path).resolve()), overrides, nodes, gpus_per_node,
                         workers_per_node, f"simpipe-{config.run.name}", job_log, walltime, mem,
                         overcommit=overcommit)
@@ -279,9 +291,12 @@ def sbatch_command(config_path: str, nodes: int, gpus_per_node: int, workers_per
 def batch_task(config_path: str, overrides: tuple[str, ...]) -> None:
     """One srun task of a `simpipe sbatch` job (scheduler, client or worker by rank)."""
     from dask_jobqueue.slurm import SLURMRunner  # noqa: PLC0415
-    from distributed import Client  # noqa: PLC0415
 
     from simpipe.cluster.batch import batch_endpoints  # noqa: PLC0415
+    from simpipe.cluster.connect import (  # noqa: PLC0415
+        SimpipeClient,
+        dashboard_scheduler_options,
+    )
     from simpipe.cluster.servers import wait_urls_healthy  # noqa: PLC0415
     from simpipe.runner import run_simulation  # noqa: PLC0415
 
@@ -290,9 +305,8 @@ def batch_task(config_path: str, overrides: tuple[str, ...]) -> None:
     scheduler_file = (Path(config.run.output_dir).resolve() / ".simpipe-batch"
                       / "scheduler-{job_id}.json")
     scheduler_file.parent.mkdir(parents=True, exist_ok=True)
-    scheduler_options = {"dashboard_address": cluster.dashboard_address or ":0",
-                         **({"interface": cluster.interface} if cluster.interface else {}),
-                         **cluster.scheduler_options}
+    scheduler_options = {**({"interface": cluster.interface} if cluster.interface else {}),
+                         **dashboard_scheduler_options(cluster)}
     worker_options = {"nthreads": max(1, cluster.cores // cluster.processes),
                       "memory_limit": cluster.memory_limit if cluster.memory_limit != "auto"
                       else "auto"}
@@ -303,7 +317,7 @@ def batch_task(config_path: str, overrides: tuple[str, ...]) -> None:
     # Scheduler and worker ranks block inside SLURMRunner and exit there; only the client
     # rank (1) gets past this line.
     with SLURMRunner(scheduler_file=str(scheduler_file), scheduler_options=scheduler_options,
-                     worker_options=worker_options) as runner, Client(runner) as client:
+                     worker_options=worker_options) as runner, SimpipeClient(runner) as client:
         client.wait_for_workers(runner.n_workers, timeout=cluster.start_timeout_s)
         urls = batch_endpoints(cluster)
         extra: list[str] = []

@@ -13,9 +13,18 @@ import json
 import re
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    FiniteFloat,
+    StrictInt,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from simpipe.cluster.config import ClusterConfig
 from simpipe.games.config import GameConfig
@@ -28,6 +37,16 @@ from simpipe.inference.settings import (
 from simpipe.personas.config import PopulationConfig, attribute_labels
 
 
+# The largest TOML integer. Every use of the seed takes it: numpy's SeedSequence (any
+# integer >= 0) and the per-agent request seeds, computed in uint64 (simpipe.agents.llm).
+SEED_MAX = 2**63 - 1
+# The cognitive hierarchy stops at level 20 (simpipe.games.level_k.MAX_LEVEL); its Poisson
+# shares exp(-tau) * tau**k / k! underflow to 0 for tau above ~700.
+DEPTH_LIMIT = 100.0
+# Sleeps the scripted agents take; longer than an hour is a typo, inf would never return.
+LATENCY_LIMIT_S = 3600.0
+
+
 class ConfigError(ValueError):
     """A config problem; ``str(err)`` is ready to print (one line per problem)."""
 
@@ -38,7 +57,7 @@ class _Section(BaseModel):
 
 class RunSection(_Section):
     name: str = "simpipe-run"
-    seed: int = 42
+    seed: StrictInt = Field(42, ge=0, le=SEED_MAX)
     output_dir: str = "results"
 
     @field_validator("name")
@@ -53,11 +72,14 @@ class RunSection(_Section):
 class ScriptedSettings(_Section):
     """Rule-based agents (cognitive hierarchy); no LLM."""
 
-    tau: float = Field(1.5, ge=0)
-    noise: float = Field(0.25, ge=0)
-    latency_s: float = Field(0.0, ge=0)
+    tau: FiniteFloat = Field(1.5, ge=0, le=DEPTH_LIMIT)
+    # The sd of a log-normal factor: exp(10 * a normal draw) still fits a float64.
+    noise: FiniteFloat = Field(0.25, ge=0, le=10)
+    latency_s: FiniteFloat = Field(0.0, ge=0, le=LATENCY_LIMIT_S)
     # attribute -> label -> added to this agent's mean reasoning depth
-    depth_shift: dict[str, dict[str, float]] = Field(default_factory=dict)
+    depth_shift: dict[str, dict[str, Annotated[FiniteFloat, Field(ge=-DEPTH_LIMIT,
+                                                                  le=DEPTH_LIMIT)]]] = Field(
+        default_factory=dict)
 
 
 class AgentsConfig(SamplingSettings):
@@ -76,6 +98,30 @@ class Config(_Section):
     game: GameConfig = GameConfig()
     agents: AgentsConfig = AgentsConfig()
     cluster: ClusterConfig = ClusterConfig()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _slurm_job_logs_in_the_run(cls, raw: Any) -> Any:
+        # sbatch writes a job's output to the directory it was submitted from unless told
+        # otherwise, which left slurm-<id>.out files wherever simpipe was started.
+        if not isinstance(raw, dict):
+            return raw
+        cluster = raw.get("cluster")
+        if isinstance(cluster, BaseModel):
+            cluster = cluster.model_dump()
+        run = raw.get("run", {})
+        if isinstance(run, BaseModel):
+            run = run.model_dump()
+        if (not isinstance(cluster, dict) or cluster.get("kind") != "slurm"
+                or cluster.get("log_directory") is not None or not isinstance(run, dict)):
+            return raw
+        fields = RunSection.model_fields
+        output_dir = run.get("output_dir", fields["output_dir"].default)
+        name = run.get("name", fields["name"].default)
+        if not isinstance(output_dir, str) or not isinstance(name, str):
+            return raw  # the run section's own validation says what is wrong
+        return {**raw, "cluster": {**cluster,
+                                   "log_directory": str(run_job_log_dir(output_dir, name))}}
 
     @model_validator(mode="after")
     def _depth_shift_names(self) -> "Config":
@@ -135,6 +181,12 @@ class Config(_Section):
         return Path(self.run.output_dir) / self.run.name
 
 
+def run_job_log_dir(output_dir: str | Path, name: str) -> Path:
+    """Where the SLURM jobs a run starts write their output, unless cluster.log_directory
+    says otherwise: ``<run>/logs/slurm``, absolute (jobs may start in another directory)."""
+    return (Path(output_dir) / name / "logs" / "slurm").absolute()
+
+
 _PERSONA_AGENT_KEYS = ("backend", "llamacpp", "tgi", "openai")
 
 
@@ -173,9 +225,17 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
     """Read a TOML config, apply ``key=value`` overrides, validate. Raises ConfigError."""
     path = Path(path)
     try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+        data = path.read_bytes()
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such config file") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read the config file ({exc.strerror})") from None
+    try:
+        raw = tomllib.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        line = data[:exc.start].count(b"\n") + 1
+        raise ConfigError(f"{path}, line {line}: not UTF-8 text (byte 0x{data[exc.start]:02x}); "
+                          "TOML files are UTF-8: save it as UTF-8") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
     for item in overrides:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from simpipe.files import TEMP_SUFFIX
+
 PART_DIGITS = 5  # part-00003.parquet: lexical order is partition order
 
 
@@ -48,6 +50,23 @@ class RunPaths:
 
     def population_part(self, partition: int) -> Path:
         return self.population / part_name(partition)
+
+
+# Everything simpipe writes at the top of a run folder, and nothing else: what `--force` may
+# delete. Hidden ``.<name>.<id>.tmp`` files are atomic writes a killed run left behind.
+RUN_DIRS = frozenset({"population", "rounds", "report", "logs"})
+RUN_FILES = frozenset({"summary.parquet", "run.json", "run.log", "CANCEL"})
+
+
+def is_run_entry(path: Path) -> bool:
+    """Whether ``path``, directly in a run folder, is one simpipe writes there."""
+    if path.is_symlink():
+        return False
+    if path.name in RUN_DIRS:
+        return path.is_dir()
+    if path.name in RUN_FILES:
+        return path.is_file()
+    return path.name.startswith(".") and path.name.endswith(TEMP_SUFFIX) and path.is_file()
 
 
 def population_cache(output_dir: Path, population_hash: str) -> Path:

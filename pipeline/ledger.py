@@ -17,7 +17,7 @@ from typing import Any
 
 from simpipe.config import Config
 from simpipe.files import write_json_atomic
-from simpipe.layout import RunPaths
+from simpipe.layout import RunPaths, is_run_entry
 
 
 class RunDirError(ValueError):
@@ -113,17 +113,30 @@ class Ledger:
 def open_run_dir(paths: RunPaths, config: Config, *, resume: bool, force: bool) -> Ledger:
     """Create, resume or (with ``force``) replace a run directory; refuse anything else."""
     root = paths.root
-    if force and root.exists():
-        shutil.rmtree(root)
-    if not root.exists() or not any(root.iterdir()):
-        root.mkdir(parents=True, exist_ok=True)
+    output_dir = Path(config.run.output_dir)
+    if output_dir.exists() and not output_dir.is_dir():
+        raise RunDirError(f"run.output_dir = {str(output_dir)!r} is a file, not a folder; "
+                          "set run.output_dir to a folder")
+    if root.exists() and not root.is_dir():
+        raise RunDirError(f"{root} is a file, not a run folder; choose another run.name")
+    fresh = not root.exists() or _not_started(root)
+    if force and (root.is_symlink() or not fresh):
+        _remove_run(root)
+        fresh = True
+    if fresh:
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise RunDirError(f"cannot create the run folder {root} ({exc.strerror}); "
+                              "check run.output_dir") from None
         return Ledger.new(paths, config)
-    if not paths.ledger.exists():
+    data = _ledger_data(paths.ledger)
+    if data is None:
         raise RunDirError(
-            f"{root} exists and is not a simpipe run (no run.json); choose another run.name "
-            "or pass --force to replace it"
+            f"{root} exists and is not a simpipe run (no valid run.json); choose another "
+            "run.name or run.output_dir"
         )
-    ledger = Ledger.load(paths)
+    ledger = Ledger(paths, data)
     if ledger.data.get("config_hash") != config.results_hash():
         raise RunDirError(
             f"{root} holds a run made from a different config "
@@ -138,3 +151,38 @@ def open_run_dir(paths: RunPaths, config: Config, *, resume: bool, force: bool) 
             f"{config.game.rounds} rounds); pass --resume to continue it or --force to start over"
         )
     return ledger
+
+
+def _not_started(root: Path) -> bool:
+    """Empty, or holding only what is written before a run starts: the population of
+    ``simpipe population build`` and the logs of SLURM jobs started for the run."""
+    return all(p.name in ("population", "logs") and p.is_dir() and not p.is_symlink()
+               for p in root.iterdir())
+
+
+def _ledger_data(path: Path) -> dict[str, Any] | None:
+    """``run.json`` as simpipe writes it, or None for a missing, unreadable or foreign file."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    valid = (isinstance(data, dict) and isinstance(data.get("config_hash"), str)
+             and isinstance(data.get("rounds"), dict))
+    return data if valid else None
+
+
+def _remove_run(root: Path) -> None:
+    """``--force``: delete a run folder, only if everything in it is what simpipe writes."""
+    if root.is_symlink():
+        raise RunDirError(f"{root} is a symbolic link; --force never deletes through a link: "
+                          "remove the link yourself or choose another run.name")
+    if _ledger_data(root / "run.json") is None:
+        raise RunDirError(f"{root} is not a simpipe run (no valid run.json), so --force leaves "
+                          "it alone; choose another run.name or run.output_dir")
+    foreign = sorted(p.name for p in root.iterdir() if not is_run_entry(p))
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5
+                                          else "")
+        raise RunDirError(f"{root} holds files simpipe did not write ({shown}), so --force "
+                          "leaves it alone; move them out or choose another run.name")
+    shutil.rmtree(root)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import subprocess
 from collections.abc import Iterator
 
 import pytest
@@ -15,3 +16,12 @@ def dask_client() -> Iterator[Client]:
                       dashboard_address=None, silence_logs=logging.ERROR) as cluster:
         with Client(cluster) as client:
             yield client
+
+
+@pytest.fixture
+def bystander() -> Iterator[subprocess.Popen]:
+    """A process of ours that nothing in simpipe started: it must survive what a test does."""
+    proc = subprocess.Popen(["sleep", "300"])
+    yield proc
+    proc.kill()
+    proc.wait()

@@ -3,11 +3,31 @@ pytest's pythonpath). Fixtures live in conftest.py."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 from simpipe.config import Config, config_from_dict
 
 REPO = Path(__file__).resolve().parents[1]
+SCRIPTED = REPO / "examples" / "scripted.toml"
+
+
+def simpipe_cli(*args: str, cwd: Path = REPO,
+                env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """``simpipe ARGS`` in a process of its own, as a user runs it."""
+    return subprocess.run([sys.executable, "-m", "simpipe.cli", *args], capture_output=True,
+                          text=True, cwd=cwd, env=env, timeout=300)
+
+
+def one_error_line(proc: subprocess.CompletedProcess) -> str:
+    """The one line a command that must fail as a usage error (exit 2) printed, checked to
+    be the only one and no traceback."""
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, lines
+    return lines[0]
 
 
 def small_config(tmp_path: Path, **sections: dict) -> Config:

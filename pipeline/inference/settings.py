@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Literal
 from urllib.parse import SplitResult, urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, FiniteFloat, StrictInt, field_validator
 
 
 def parse_base_url(url: str) -> SplitResult:
@@ -31,24 +31,26 @@ class LlamaCppSettings(_Section):
     """The embedded llama.cpp engine (xllamacpp), loaded once per worker process."""
 
     model_path: str | None = None  # None: the default Gemma 3 270M from its PyPI package
-    n_parallel: int = Field(32, ge=1, le=512)  # llama.cpp slots: sequences decoded together
-    n_ctx: int = Field(0, ge=0)  # 0: n_parallel * 512 tokens
-    threads: int = Field(0, ge=0)  # 0: the worker's thread budget (all cores if unknown)
+    n_parallel: StrictInt = Field(32, ge=1, le=512)  # llama.cpp slots: sequences decoded together
+    n_ctx: StrictInt = Field(0, ge=0)  # 0: n_parallel * 512 tokens
+    threads: StrictInt = Field(0, ge=0)  # 0: the worker's thread budget (all cores if unknown)
     prompt_style: Literal["completion", "chat"] = "completion"
 
 
 class HttpSettings(_Section):
     """What the TGI and OpenAI-compatible back-ends share: endpoints and load control."""
 
-    endpoints: list[str] = Field(default_factory=list)
-    max_concurrency: int = Field(64, ge=1)  # in-flight requests per endpoint per worker process
-    timeout_s: float = Field(120.0, gt=0)
-    retries: int = Field(4, ge=0)  # after the first attempt
-    backoff_s: float = Field(0.5, ge=0)  # first back-off; doubles each retry, with jitter
-    backoff_max_s: float = Field(20.0, ge=0)
+    # At least one: a back-end with no server to send to could only fail every agent.
+    endpoints: list[str] = Field(default_factory=list, min_length=1)
+    # in-flight requests per endpoint per worker process
+    max_concurrency: StrictInt = Field(64, ge=1)
+    timeout_s: FiniteFloat = Field(120.0, gt=0)
+    retries: StrictInt = Field(4, ge=0)  # after the first attempt
+    backoff_s: FiniteFloat = Field(0.5, ge=0)  # first back-off; doubles each retry, with jitter
+    backoff_max_s: FiniteFloat = Field(20.0, ge=0)
     # The largest answer body accepted (bytes); a larger one is that agent's error. Inference
     # answers are a few KiB; the bound keeps a broken or hostile server from filling memory.
-    max_response_bytes: int = Field(2**20, ge=4096, le=2**30)
+    max_response_bytes: StrictInt = Field(2**20, ge=4096, le=2**30)
 
     @field_validator("endpoints")
     @classmethod
@@ -61,13 +63,13 @@ class HttpSettings(_Section):
 class TgiSettings(HttpSettings):
     """text-generation-inference servers, ``POST /generate``."""
 
-    endpoints: list[str] = Field(default_factory=lambda: ["http://127.0.0.1:8080"])
+    endpoints: list[str] = Field(default_factory=lambda: ["http://127.0.0.1:8080"], min_length=1)
 
 
 class OpenAISettings(HttpSettings):
     """Any OpenAI-compatible server (vLLM, SGLang, llama.cpp server, TGI Messages API)."""
 
-    endpoints: list[str] = Field(default_factory=lambda: ["http://127.0.0.1:8000"])
+    endpoints: list[str] = Field(default_factory=lambda: ["http://127.0.0.1:8000"], min_length=1)
     model: str = "default"
     api: Literal["completions", "chat"] = "completions"
     # How the server takes an output constraint: vLLM: "guided_regex"/"structured_outputs";
@@ -78,7 +80,7 @@ class OpenAISettings(HttpSettings):
 class SamplingSettings(_Section):
     """Sampling shared by every LLM back-end (under ``[agents]``)."""
 
-    temperature: float = Field(1.0, ge=0)
-    top_p: float = Field(1.0, gt=0, le=1)
-    max_tokens: int = Field(8, ge=1)  # for prompt = "basic"; CoT gets cot_max_tokens
-    cot_max_tokens: int = Field(256, ge=1)
+    temperature: FiniteFloat = Field(1.0, ge=0)
+    top_p: FiniteFloat = Field(1.0, gt=0, le=1)
+    max_tokens: StrictInt = Field(8, ge=1)  # for prompt = "basic"; CoT gets cot_max_tokens
+    cot_max_tokens: StrictInt = Field(256, ge=1)
