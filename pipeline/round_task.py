@@ -7,14 +7,14 @@ the partial, so a round has exactly one row per agent however often a task runs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from simpipe.agents.base import Turn
+from simpipe.agents.base import DecisionStats, Turn
 from simpipe.agents.registry import get_policy
 from simpipe.config import Config
 from simpipe.files import write_parquet_atomic
@@ -31,6 +31,7 @@ ROW_SCHEMA = pa.schema([
     ("tokens_out", pa.int32()),
     ("latency_s", pa.float64()),
     ("error", pa.string()),
+    ("shared", pa.bool_()),
 ])
 ROW_COLUMNS = tuple(ROW_SCHEMA.names)
 
@@ -52,6 +53,7 @@ class PartitionOutcome:
     tokens_in: int
     tokens_out: int
     reused: bool
+    stats: DecisionStats = field(default_factory=DecisionStats)
 
 
 def play_partition(job: PartitionJob, winning: np.ndarray) -> PartitionOutcome:
@@ -60,8 +62,9 @@ def play_partition(job: PartitionJob, winning: np.ndarray) -> PartitionOutcome:
     out = paths.round_part(job.round_index, job.partition)
     if out.exists():
         rows = pd.read_parquet(out, columns=["group_id", "guess", "status", "tokens_in",
-                                             "tokens_out"])
-        return _outcome(job, rows, reused=True)
+                                             "tokens_out", "shared"])
+        return _outcome(job, rows, DecisionStats(shared_agents=int(rows["shared"].sum())),
+                        reused=True)
     agents = pd.read_parquet(paths.population_part(job.partition))
     policy = get_policy(job.config.agents)
     past_guesses = None
@@ -79,11 +82,11 @@ def play_partition(job: PartitionJob, winning: np.ndarray) -> PartitionOutcome:
     rows = pd.concat(
         [pd.DataFrame({"agent_id": agents["agent_id"].to_numpy(),
                        "group_id": job.group_ids.astype(np.int64)}),
-         decisions.reset_index(drop=True)],
+         decisions.frame.reset_index(drop=True)],
         axis=1,
     )[list(ROW_COLUMNS)]
     write_parquet_atomic(pa.Table.from_pandas(rows, schema=ROW_SCHEMA, preserve_index=False), out)
-    return _outcome(job, rows, reused=False)
+    return _outcome(job, rows, decisions.stats, reused=False)
 
 
 def read_own_guesses(paths: RunPaths, partition: int, round_index: int) -> np.ndarray:
@@ -95,7 +98,8 @@ def read_own_guesses(paths: RunPaths, partition: int, round_index: int) -> np.nd
     return np.column_stack(columns)
 
 
-def _outcome(job: PartitionJob, rows: pd.DataFrame, reused: bool) -> PartitionOutcome:
+def _outcome(job: PartitionJob, rows: pd.DataFrame, stats: DecisionStats,
+             reused: bool) -> PartitionOutcome:
     return PartitionOutcome(
         partition=job.partition,
         partial=partial_from_rows(rows),
@@ -103,4 +107,5 @@ def _outcome(job: PartitionJob, rows: pd.DataFrame, reused: bool) -> PartitionOu
         tokens_in=int(rows["tokens_in"].sum()),
         tokens_out=int(rows["tokens_out"].sum()),
         reused=reused,
+        stats=stats,
     )

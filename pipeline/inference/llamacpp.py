@@ -10,11 +10,13 @@ starts llama.cpp's HTTP listener too; in-process we bind it to 127.0.0.1 on a fr
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import os
+import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -25,6 +27,9 @@ from simpipe.inference.base import (
     GenerationRequest,
     GenerationResult,
 )
+from simpipe.inference.answer_distribution import ProbeError
+from simpipe.inference.gguf_vocab import AnswerVocab, answer_vocab
+from simpipe.inference.llamacpp_sampler import TopLogprobs
 from simpipe.inference.settings import LlamaCppSettings
 
 ENDPOINT = "llamacpp"
@@ -129,6 +134,10 @@ def build_params(
     params.port = port
     # 3 (info) logs every request to stderr; 2 keeps warnings and errors.
     params.verbosity = verbosity
+    # Server-side defaults for requests that do not set them (llama.cpp's are top_k 40 and
+    # min_p 0.05): off, so that a client's temperature and top_p mean what they say.
+    params.sampling.top_k = 0
+    params.sampling.min_p = 0.0
     return params
 
 
@@ -167,6 +176,9 @@ def request_body(req: GenerationRequest, cache_prompt: bool) -> tuple[bool, dict
         "max_tokens": req.max_tokens,
         "temperature": req.temperature,
         "top_p": req.top_p,
+        # Always sent: llama.cpp's own defaults are top_k 40 and min_p 0.05.
+        "top_k": req.top_k,
+        "min_p": req.min_p,
         "seed": req.seed,
         "cache_prompt": cache_prompt,
     }
@@ -215,11 +227,78 @@ def _error(message: str, latency_s: float) -> GenerationResult:
     )
 
 
-class LlamaCppBackend(Backend):
-    """One llama.cpp model per worker process, answering whole partitions at once."""
+def _top_logprobs(response: Any) -> tuple[TopLogprobs, int, int]:
+    """(top log-probabilities, prompt tokens evaluated, tokens generated) of one answer."""
+    try:
+        choice = response["choices"][0]
+        entries = choice["logprobs"]["content"][0]["top_logprobs"]
+        ids = tuple(int(e["id"]) for e in entries)
+        logprobs = tuple(float(e["logprob"]) for e in entries)
+        evaluated = int((response.get("timings") or {}).get("prompt_n", 0))
+        generated = int((response.get("usage") or {}).get("completion_tokens", 0))
+    except (KeyError, IndexError, TypeError, ValueError) as exc:
+        message = response.get("error") if isinstance(response, dict) else None
+        raise ProbeError(f"no top log-probabilities from llama.cpp ({message or exc!r})") from None
+    return TopLogprobs(ids, logprobs), evaluated, generated
 
-    def __init__(self, settings: LlamaCppSettings) -> None:
+
+class EngineLock:
+    """Many batched calls at once, or one exclusive call alone.
+
+    llama.cpp's numerics depend on which sequences share a decode step (measured: the same
+    prompt's log-probabilities move by up to 0.05 for likely tokens and 0.6 for unlikely ones
+    between a lone decode and a batch), while a lone sequence decodes bit-identically
+    whatever ran before, prompt cache or not. Exclusive calls are therefore reproducible.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._shared = 0
+        self._exclusive = False
+        self._waiting = 0  # exclusive callers waiting: they go before new shared ones
+
+    @contextlib.contextmanager
+    def shared(self) -> Iterator[None]:
+        with self._cond:
+            while self._exclusive or self._waiting:
+                self._cond.wait()
+            self._shared += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._shared -= 1
+                self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        with self._cond:
+            self._waiting += 1
+            while self._exclusive or self._shared:
+                self._cond.wait()
+            self._waiting -= 1
+            self._exclusive = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._exclusive = False
+                self._cond.notify_all()
+
+
+class LlamaCppBackend(Backend):
+    """One llama.cpp model per worker process, answering whole partitions at once.
+
+    ``serial``: one request at a time (each a lone sequence), so that the same request and
+    seed always give the same text; see ``EngineLock``.
+    """
+
+    supports_answer_distributions = True
+
+    def __init__(self, settings: LlamaCppSettings, *, serial: bool = False) -> None:
         self.settings = settings
+        self.serial = serial
+        self._lock = EngineLock()
         self.prompt_style = settings.prompt_style
         self.model_path = resolve_model_path(settings)
         params = build_params(
@@ -235,10 +314,9 @@ class LlamaCppBackend(Backend):
             max_workers=settings.n_parallel, thread_name_prefix="llamacpp"
         )
         self._counters = EndpointCounters()
-        # Same seed -> same text holds only with one slot and no prompt cache: llama.cpp's
-        # numerics depend on which sequences share a batch, and a reused cached prefix was
-        # computed in another batch. With several slots the cache is a free speed-up.
-        self._cache_prompt = settings.n_parallel > 1
+        # A cached prefix decodes bit-identically to a fresh one when sequences run alone
+        # (measured), so the prompt cache is always on.
+        self._cache_prompt = True
 
     @property
     def listening_address(self) -> str:
@@ -246,19 +324,47 @@ class LlamaCppBackend(Backend):
         return self._server.listening_address
 
     def _call(self, is_chat: bool, body: dict) -> GenerationResult:
-        start = time.perf_counter()
         server = self._server
         if server is None:
             return _error("the llama.cpp back-end is closed", 0.0)
-        try:
-            if is_chat:
-                response = server.handle_chat_completions(body)
-            else:
+        with self._lock.exclusive() if self.serial else self._lock.shared():
+            start = time.perf_counter()
+            try:
+                if is_chat:
+                    response = server.handle_chat_completions(body)
+                else:
+                    response = server.handle_completions(body)
+            except _CALL_ERRORS as exc:
+                return _error(f"xllamacpp: {type(exc).__name__}: {exc}",
+                              time.perf_counter() - start)
+            return _to_result(response, is_chat, time.perf_counter() - start)
+
+    def answer_vocab(self, alphabet: frozenset[str]) -> AnswerVocab:
+        """End-of-generation ids and the tokens spelling ``alphabet``, from the GGUF file."""
+        return answer_vocab(str(self.model_path), alphabet)
+
+    def next_token_logprobs(self, prompt: str, path: Sequence[int],
+                            top_n: int) -> tuple[TopLogprobs, int, int]:
+        """The raw top-``top_n`` next-token log-probabilities after ``prompt`` followed by the
+        token ids ``path``, with the prompt tokens evaluated and the tokens generated.
+
+        One lone sequence (``EngineLock.exclusive``): bit-identical on every run. The
+        prompt is sent as text then ids, so it tokenizes exactly as a sampled call's prompt
+        does and the path is the tokens a sampled call would have generated. Raises
+        ProbeError.
+        """
+        server = self._server
+        if server is None:
+            raise ProbeError("the llama.cpp back-end is closed")
+        body = {"prompt": [prompt, *path] if path else prompt, "max_tokens": 1,
+                "n_probs": top_n, "temperature": 1.0, "top_k": 1, "seed": 0,
+                "cache_prompt": True}
+        with self._lock.exclusive():
+            try:
                 response = server.handle_completions(body)
-        except _CALL_ERRORS as exc:
-            return _error(f"xllamacpp: {type(exc).__name__}: {exc}",
-                          time.perf_counter() - start)
-        return _to_result(response, is_chat, time.perf_counter() - start)
+            except _CALL_ERRORS as exc:
+                raise ProbeError(f"xllamacpp: {type(exc).__name__}: {exc}") from None
+        return _top_logprobs(response)
 
     async def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
         if self._server is None:
