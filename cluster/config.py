@@ -52,7 +52,26 @@ class AdaptConfig(_Section):
         return self
 
 
-ServerKind = Literal["none", "tgi", "vllm", "llamacpp", "custom"]
+ServerKind = Literal["none", "tgi", "vllm", "llamacpp", "custom", "emulated"]
+
+
+class EmulatedServersConfig(_Section):
+    """``[cluster.servers.emulated]``: GPU servers emulated by ``simpipe.inference.emulator``
+    (``kind = "emulated"``, or any kind under ``simpipe run --emulate``)."""
+
+    profile: str = "a100-llama3-8b"  # a name from simpipe.inference.emulator_profiles
+    params: dict[str, float] = Field(default_factory=dict)  # per-parameter profile overrides
+    time_scale: float = Field(1.0, gt=0)  # the model runs this many times faster than a GPU
+    gpus_per_process: int = Field(8, ge=1)  # emulated GPUs (servers, ports) per process/job
+    protocol: Literal["tgi", "openai"] = "tgi"  # tgi: TGI's routes; openai: vLLM's only
+    model_id: str = ""  # the served model's name ("" = cluster.servers.model)
+
+    @model_validator(mode="after")
+    def _known_profile(self) -> EmulatedServersConfig:
+        from simpipe.inference.emulator_profiles import get_profile  # noqa: PLC0415
+
+        get_profile(self.profile, self.params)  # ValueError naming a bad name or parameter
+        return self
 
 
 class ServersConfig(_Section):
@@ -82,6 +101,7 @@ class ServersConfig(_Section):
     models_path: str = "/v1/models"  # "" skips this check
     job_extra_directives: list[str] = Field(default_factory=list)
     job_script_prologue: list[str] = Field(default_factory=list)
+    emulated: EmulatedServersConfig = EmulatedServersConfig()
 
     @field_validator("walltime")
     @classmethod
@@ -109,8 +129,15 @@ class ServersConfig(_Section):
     @property
     def endpoint_backend(self) -> str | None:
         """The ``agents.<backend>`` whose endpoints these servers are."""
+        if self.kind == "emulated":
+            return "tgi" if self.emulated.protocol == "tgi" else "openai"
         return {"tgi": "tgi", "vllm": "openai", "llamacpp": "openai", "custom": None,
                 "none": None}[self.kind]
+
+    @property
+    def servers_per_job(self) -> int:
+        """Servers (ports) one SLURM job runs: an emulator process holds several GPUs."""
+        return self.emulated.gpus_per_process if self.kind == "emulated" else 1
 
 
 class ClusterConfig(_Section):
@@ -170,9 +197,10 @@ class ClusterConfig(_Section):
                     raise ValueError(f"cluster.{key}: {exc}") from None
         if self.kind == "slurm":
             self.worker_lifetime_args()  # raises if the lifetime does not fit the walltime
-        if self.servers.kind != "none" and self.kind == "local":
+        if self.servers.kind not in ("none", "emulated") and self.kind == "local":
             raise ValueError('cluster.servers needs cluster.kind = "slurm" (servers run as '
-                             'SLURM jobs); set cluster.servers.kind = "none" for a local run')
+                             'SLURM jobs); set cluster.servers.kind = "none" for a local run '
+                             '(emulated servers also run as local processes)')
         return self
 
     @property

@@ -89,7 +89,7 @@ def status(name: str) -> dict[str, Any]:
                               "workers": [], "servers": [], "jobs": []}
     if state.get("scheduler") and report["manager_alive"]:
         report["workers"] = _workers(state["scheduler"])
-    cfg = _servers_config(name)
+    cfg = servers_config(name)
     for s in state.get("servers", []):
         problem = srv.probe(s["url"], cfg) if s.get("url") else "not placed yet"
         report["servers"].append({"index": s["index"], "url": s.get("url", ""),
@@ -103,7 +103,8 @@ def status(name: str) -> dict[str, Any]:
     return report
 
 
-def _servers_config(name: str) -> srv.ServersConfig:
+def servers_config(name: str) -> srv.ServersConfig:
+    """The ``[cluster.servers]`` cluster ``name`` was started with (defaults if unreadable)."""
     try:
         raw = json.loads((work_dir(name) / "cluster.json").read_text(encoding="utf-8"))
         return ClusterConfig.model_validate(raw).servers

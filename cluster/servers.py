@@ -8,6 +8,7 @@ its port.
 
 from __future__ import annotations
 
+import math
 import re
 import shlex
 import sys
@@ -31,6 +32,9 @@ TEMPLATES: dict[str, str] = {
     # llama.cpp's server through the embedded engine (CPU nodes, tests).
     "llamacpp": ("{python} -m simpipe.inference.llamacpp_server --host {host} --port {port} "
                  "--threads {cpus} {model_flag} {extra_args}"),
+    # Emulated GPU servers (dry runs): one process, several GPUs on ports from {port}.
+    "emulated": ("{python} -m simpipe.inference.emulator --host {host} --port {port} "
+                 "{emulator_args} {extra_args}"),
 }
 
 ENDED_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
@@ -63,9 +67,21 @@ def job_name(cluster_name: str) -> str:
     return f"simpipe-{cluster_name}-server"
 
 
+def emulator_args(cfg: ServersConfig, gpus: int = 1) -> str:
+    """The emulator's options for ``gpus`` emulated GPUs from ``[cluster.servers.emulated]``."""
+    emu = cfg.emulated
+    args = [f"--gpus {gpus}", f"--profile {shlex.quote(emu.profile)}",
+            f"--time-scale {emu.time_scale!r}", f"--protocol {emu.protocol}",
+            f"--model-id {shlex.quote(emu.model_id or cfg.model or 'simpipe/emulated')}"]
+    args += [f"--{name.replace('_', '-')} {int(value) if float(value).is_integer() else value!r}"
+             for name, value in emu.params.items()]
+    return " ".join(args)
+
+
 def server_command(cfg: ServersConfig, port: int | str, index: int = 0,
-                   python: str | None = None) -> str:
-    """The command line of one server, container wrapper included."""
+                   python: str | None = None, emulated_gpus: int = 1) -> str:
+    """The command line of one server (or of one emulator process with ``emulated_gpus``
+    GPUs), container wrapper included."""
     template = cfg.command or TEMPLATES.get(cfg.kind, "")
     if not template:
         raise ServerError(f'cluster.servers.kind = "{cfg.kind}" has no command template; set '
@@ -80,6 +96,7 @@ def server_command(cfg: ServersConfig, port: int | str, index: int = 0,
         "python": shlex.quote(python or sys.executable),
         "extra_args": cfg.extra_args,
         "index": str(index),
+        "emulator_args": emulator_args(cfg, emulated_gpus),
     }
     try:
         command = template.format(**fields)
@@ -97,9 +114,13 @@ def server_command(cfg: ServersConfig, port: int | str, index: int = 0,
 
 def server_job_script(cluster: ClusterConfig, cluster_name: str, index: int,
                       log_dir: str | None = None) -> str:
-    """The sbatch script of server ``index``."""
+    """The sbatch script of server job ``index`` (one server, or ``servers_per_job``
+    emulated ones on consecutive ports)."""
     cfg = cluster.servers
-    port = cfg.port + index
+    first = index * cfg.servers_per_job
+    in_job = min(cfg.servers_per_job, cfg.count - first)
+    port = cfg.port + first
+    emulated = cfg.kind == "emulated"
     lines = [
         "#!/usr/bin/env bash",
         f"#SBATCH --job-name={job_name(cluster_name)}",
@@ -109,36 +130,46 @@ def server_job_script(cluster: ClusterConfig, cluster_name: str, index: int,
         f"#SBATCH --mem={_slurm_memory(cfg.memory)}",
         f"#SBATCH --time={cfg.walltime or cluster.walltime}",
     ]
-    lines += slurm.placement_directives(cluster.queue, cluster.account, cfg.gpus_per_server)
+    # Emulated GPUs need none: gpus_per_server is then what each emulated server stands for.
+    gres = 0 if emulated else cfg.gpus_per_server
+    lines += slurm.placement_directives(cluster.queue, cluster.account, gres)
     if log_dir:
         lines.append(f"#SBATCH --output={log_dir}/%x-%j.out")
     lines += [f"#SBATCH {d}" for d in cfg.job_extra_directives]
     lines += list(cfg.job_script_prologue)
-    lines.append(f"echo \"simpipe server {index} on $(hostname) port {port}\"")
+    ports = f"ports {port}-{port + in_job - 1}" if in_job > 1 else f"port {port}"
+    lines.append(f"echo \"simpipe server job {index} on $(hostname) {ports}\"")
     # exec: scancel's SIGTERM reaches the server itself, which shuts down cleanly.
-    lines.append("exec " + server_command(cfg, port, index, cluster.python))
+    lines.append("exec " + server_command(cfg, port, first, cluster.python, in_job))
     return "\n".join(lines) + "\n"
 
 
-def _slurm_memory(text: str) -> str:
-    """``4GB`` / ``4GiB`` / ``4096MB`` -> SLURM's ``--mem`` (megabytes, ``M`` suffix)."""
+def memory_mb(text: str) -> int:
+    """``4GB`` / ``4GiB`` / ``4096MB`` -> megabytes; ServerError if it is no size."""
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(i?B)?\s*", text, re.IGNORECASE)
     if not m:
         raise ServerError(f"cluster.servers.memory = {text!r}: use e.g. \"4GB\"")
     value, unit = float(m.group(1)), (m.group(2) or "M").upper()
-    mb = value * {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}[unit]
-    return f"{max(1, int(mb))}M"
+    return max(1, int(value * {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}[unit]))
+
+
+def _slurm_memory(text: str) -> str:
+    """SLURM's ``--mem`` (megabytes, ``M`` suffix)."""
+    return f"{memory_mb(text)}M"
 
 
 def launch(cluster: ClusterConfig, cluster_name: str, log_dir: str | None = None) -> list[Server]:
     """Submit every server job; returns at once (see ``wait_healthy``)."""
     if log_dir:
         Path(log_dir).mkdir(parents=True, exist_ok=True)
+    cfg = cluster.servers
     servers: list[Server] = []
     try:
-        for i in range(cluster.servers.count):
-            job = slurm.submit(server_job_script(cluster, cluster_name, i, log_dir))
-            servers.append(Server(i, job, cluster.servers.port + i))
+        for j in range(math.ceil(cfg.count / cfg.servers_per_job)):
+            job = slurm.submit(server_job_script(cluster, cluster_name, j, log_dir))
+            first = j * cfg.servers_per_job
+            for i in range(first, min(first + cfg.servers_per_job, cfg.count)):
+                servers.append(Server(i, job, cfg.port + i))
     except slurm.SlurmError:
         slurm.cancel([s.job_id for s in servers])
         raise

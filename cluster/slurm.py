@@ -60,6 +60,7 @@ def submit(script: str) -> str:
 
 
 def cancel(job_ids: list[str] | tuple[str, ...]) -> None:
+    job_ids = list(dict.fromkeys(job_ids))  # one emulator job serves several endpoints
     if job_ids:
         try:
             _run(["scancel", *job_ids])
@@ -104,6 +105,36 @@ def jobs(job_ids: list[str] | None = None, name: str | None = None) -> dict[str,
         if len(parts) == 5:
             result[parts[0]] = JobInfo(*parts)
     return result
+
+
+@dataclass(frozen=True)
+class Partition:
+    name: str
+    default: bool
+    cpus: int  # per node (the largest node's)
+    memory_mb: int  # per node
+    nodes: str  # node list
+
+
+def partitions() -> list[Partition]:
+    """What ``sinfo`` reports per partition (and node size)."""
+    out = _run(["sinfo", "-h", "-o", "%P|%c|%m|%N"])
+    found: dict[str, Partition] = {}
+    for line in out.splitlines():
+        parts = line.split("|")
+        if len(parts) != 4:
+            continue
+        name, cpus, mem, nodes = parts
+        default = name.endswith("*")
+        name = name.rstrip("*")
+        try:
+            cpus_n, mem_n = int(cpus.rstrip("+")), int(mem.rstrip("+"))
+        except ValueError:
+            continue
+        old = found.get(name)
+        if old is None or cpus_n > old.cpus:
+            found[name] = Partition(name, default, cpus_n, mem_n, nodes)
+    return list(found.values())
 
 
 def node_address(node: str) -> str:

@@ -47,8 +47,11 @@ def main() -> None:
 @click.option("--force", is_flag=True, help="Replace an existing run directory.")
 @click.option("--cluster", "cluster_name", default=None, metavar="NAME",
               help="Run on a cluster started with `simpipe cluster up` (its servers too).")
+@click.option("--emulate", is_flag=True,
+              help="A dry run: emulated GPU servers replace the configured ones; ends with "
+                   "an estimate of the real run.")
 @set_option
-def run(config_path: str, resume: bool, force: bool, cluster_name: str | None,
+def run(config_path: str, resume: bool, force: bool, cluster_name: str | None, emulate: bool,
         overrides: tuple[str, ...]) -> None:
     """Run the simulation described by CONFIG."""
     from simpipe.cli_cluster import prepared_run_config  # noqa: PLC0415
@@ -58,7 +61,7 @@ def run(config_path: str, resume: bool, force: bool, cluster_name: str | None,
 
     if resume and force:
         _fail("--resume and --force contradict each other: pick one")
-    with prepared_run_config(config_path, overrides, cluster_name) as config:
+    with prepared_run_config(config_path, overrides, cluster_name, emulate) as config:
         try:
             result = run_simulation(config, resume=resume, force=force)
         except (RunDirError, ClusterError) as exc:
@@ -112,22 +115,30 @@ def population_build(config_path: str, overrides: tuple[str, ...]) -> None:
 @click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
 def show(run_dir: str) -> None:
     """Print the summary of RUN_DIR, one line per round (and group)."""
+    from simpipe.integrity import RESUME_REPAIRS, CorruptFile  # noqa: PLC0415
     from simpipe.layout import RunPaths  # noqa: PLC0415
     from simpipe.results import read_ledger, read_summary  # noqa: PLC0415
 
     paths = RunPaths(Path(run_dir))
     if not paths.ledger.exists():
         _fail(f"{run_dir}: not a simpipe run directory (no run.json)")
-    ledger = read_ledger(run_dir)
-    click.echo(f"run {ledger['name']}: {ledger['state']}, "
-               f"{len([r for r in ledger['rounds'].values() if r.get('complete')])}/"
-               f"{ledger['rounds_total']} rounds, {ledger['n_agents']:,} agents")
+    try:
+        ledger = read_ledger(run_dir)
+    except CorruptFile as exc:
+        _fail(f"{exc}; restore it from a copy (it records the run's config and rounds)")
+    done = len([r for r in ledger.get("rounds", {}).values() if r.get("complete")])
+    click.echo(f"run {ledger.get('name') or paths.root.name}: {ledger.get('state')}, "
+               f"{done}/{ledger.get('rounds_total', '?')} rounds, "
+               f"{ledger.get('n_agents') or 0:,} agents")
     if not paths.summary.exists():
         click.echo("(no round finished yet)")
         return
     import pandas as pd  # noqa: PLC0415
 
-    summary = read_summary(run_dir)
+    try:
+        summary = read_summary(run_dir)
+    except CorruptFile as exc:
+        _fail(f"{exc}; {RESUME_REPAIRS}")
     with pd.option_context("display.width", 200, "display.max_columns", 20,
                            "display.max_rows", 60):
         click.echo(summary.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
@@ -178,7 +189,8 @@ def bench_engine(agents: int, parallel: int) -> None:
 @click.option("--concurrency", default=64, show_default=True, type=click.IntRange(min=1),
               help="Requests in flight.")
 def bench_client(n_requests: int, concurrency: int) -> None:
-    """HTTP client cost of the tgi and openai back-ends against a server answering at once."""
+    """HTTP client cost of the tgi and openai back-ends against a server answering at once,
+    and the GPU emulator's server cost (fast profile)."""
     from simpipe.inference.client_bench import format_table, run_client_bench  # noqa: PLC0415
 
     click.echo(format_table(run_client_bench(n_requests, concurrency=concurrency)))

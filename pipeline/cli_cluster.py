@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -45,27 +45,78 @@ def _cluster_errors() -> tuple[type[Exception], ...]:
     return (ClusterError, ServerError, SlurmError, StateError)
 
 
+def _loader(config_path: str, overrides: tuple[str, ...], emulate: bool,
+            place: bool = True) -> Callable[..., Config]:
+    """``load(extra_overrides)``: the config, with ``--emulate``'s changes when asked (their
+    notes printed once)."""
+    site = None
+    told = False
+
+    def load(extra: list[str] | tuple[str, ...] = ()) -> Config:
+        nonlocal site, told
+        config = _load(config_path, [*overrides, *extra])
+        if not emulate:
+            return config
+        from simpipe.cluster.emulate import EmulateError, Site, emulate_config, probe_site  # noqa: PLC0415
+
+        if site is None:
+            site = probe_site() if place else Site(None)
+        try:
+            config, notes = emulate_config(config, site, place)
+        except (EmulateError, ConfigError) as exc:
+            _fail(str(exc))
+        if not told:
+            for note in notes:
+                click.echo(note)
+            told = True
+        return config
+
+    return load
+
+
 @contextmanager
 def prepared_run_config(config_path: str, overrides: tuple[str, ...],
-                        cluster_name: str | None) -> Iterator[Config]:
+                        cluster_name: str | None, emulate: bool = False) -> Iterator[Config]:
     """The config a ``simpipe run`` uses.
 
     ``--cluster NAME``: the persistent cluster's scheduler (``cluster.kind = "address"``) and
     its healthy servers as ``agents.<backend>.endpoints``. Without it, a ``slurm`` cluster
-    with ``[cluster.servers]`` gets servers for this run only, cancelled when it ends.
+    with ``[cluster.servers]`` gets servers for this run only, cancelled when it ends; emulated
+    servers without SLURM run as local processes. ``emulate``: see ``simpipe.cluster.emulate``.
     """
-    config = _load(config_path, overrides)
+    load = _loader(config_path, overrides, emulate, place=not cluster_name)
+    config = load()
     errors = _cluster_errors()
     if cluster_name:
-        from simpipe.cluster.state import read_state, run_overrides  # noqa: PLC0415
+        from simpipe.cluster.lifecycle import servers_config  # noqa: PLC0415
+        from simpipe.cluster.state import StateError, read_state, run_overrides  # noqa: PLC0415
 
         try:
-            extra = run_overrides(read_state(cluster_name), config.agents.backend)
+            state = read_state(cluster_name)
+            if servers_config(cluster_name).kind == "emulated" and not emulate:
+                raise StateError(f"cluster {cluster_name!r} serves emulated GPUs: add --emulate "
+                                 "(its results then go to <run.name>-emulated)")
+            extra = run_overrides(state, config.agents.backend)
         except errors as exc:
             _fail(str(exc))
-        yield _load(config_path, [*overrides, *extra])
+        yield load(extra)
         return
     servers_cfg = config.cluster.servers
+    if servers_cfg.kind == "emulated" and config.cluster.kind != "slurm":
+        from simpipe.cluster.emulate import local_emulators  # noqa: PLC0415
+
+        backend = servers_cfg.endpoint_backend
+        try:
+            emulators = local_emulators(servers_cfg)
+            urls = emulators.__enter__()
+        except (RuntimeError, OSError) as exc:
+            _fail(f"emulated servers did not start: {exc}")
+        try:
+            click.echo(f"emulated servers ready: {len(urls)} on this machine")
+            yield load([f"agents.{backend}.endpoints={json.dumps(urls)}"])
+        finally:
+            emulators.__exit__(None, None, None)
+        return
     if config.cluster.kind != "slurm" or servers_cfg.kind == "none":
         yield config
         return
@@ -81,15 +132,23 @@ def prepared_run_config(config_path: str, overrides: tuple[str, ...],
         slurm.require_controller()
         name = f"run-{config.run.name}-{os.getpid()}"
         launched = srv.launch(config.cluster, name, config.cluster.log_directory)
-        click.echo(f"servers: {len(launched)} SLURM job(s) submitted, waiting for health")
+        jobs = len({s.job_id for s in launched})
+        click.echo(f"servers: {len(launched)} in {jobs} SLURM job(s) submitted, waiting for "
+                   "health")
         srv.wait_healthy(launched, servers_cfg, log_dir=config.cluster.log_directory)
         urls = [s.url for s in launched]
-        click.echo(f"servers healthy: {', '.join(urls)}")
-        yield _load(config_path, [*overrides, f"agents.{backend}.endpoints={json.dumps(urls)}"])
+        click.echo(f"servers healthy: {_url_summary(urls)}")
+        yield load([f"agents.{backend}.endpoints={json.dumps(urls)}"])
     except errors as exc:
         _fail(str(exc))
     finally:
         slurm.cancel([s.job_id for s in launched])
+
+
+def _url_summary(urls: list[str], show: int = 4) -> str:
+    """Up to ``show`` URLs and how many more: 32 servers do not fit on a line."""
+    more = f" and {len(urls) - show} more" if len(urls) > show else ""
+    return ", ".join(urls[:show]) + more
 
 
 # --- simpipe cluster ------------------------------------------------------------------------
@@ -103,14 +162,17 @@ def cluster_group() -> None:
 @cluster_group.command("up")
 @click.argument("config_path", metavar="CONFIG", type=click.Path(dir_okay=False))
 @click.option("--name", default=None, help="Cluster name (default: the config file's stem).")
+@click.option("--emulate", is_flag=True,
+              help="Emulated GPU servers instead of the configured ones (a dry run).")
 @_set
-def cluster_up(config_path: str, name: str | None, overrides: tuple[str, ...]) -> None:
+def cluster_up(config_path: str, name: str | None, emulate: bool,
+               overrides: tuple[str, ...]) -> None:
     """Start the scheduler, SLURM worker jobs and server jobs of CONFIG's [cluster]."""
     import time  # noqa: PLC0415
 
     from simpipe.cluster import lifecycle  # noqa: PLC0415
 
-    config = _load(config_path, overrides)
+    config = _loader(config_path, overrides, emulate)()
     name = name or Path(config_path).stem
     started = time.perf_counter()
     try:

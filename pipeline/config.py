@@ -71,6 +71,8 @@ class AgentsConfig(SamplingSettings):
     # Per-agent calls one at a time (llamacpp): the same seed gives the same text, at the
     # cost of batching. Shared answers are reproducible without it.
     reproducible: bool = False
+    # Characters of each answer kept in the `raw` column (the parse sees all of it).
+    max_raw_chars: int = Field(4096, ge=0, le=2**20)
     scripted: ScriptedSettings = ScriptedSettings()
     llamacpp: LlamaCppSettings = LlamaCppSettings()
     tgi: TgiSettings = TgiSettings()

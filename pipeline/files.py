@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import uuid
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 TEMP_SUFFIX = ".tmp"
+CORRUPT_MARK = ".corrupt-"
 
 
 def _temp_for(path: Path) -> Path:
@@ -51,3 +53,16 @@ def remove_stale_temps(root: Path) -> int:
         tmp.unlink(missing_ok=True)
         n += 1
     return n
+
+
+def move_aside(path: Path) -> Path:
+    """Rename a file found corrupt to ``.<name>.corrupt-<UTC time>`` beside it and return
+    the new path. Hidden, so Parquet readers skip it; kept, so nothing is lost unseen."""
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
+    target = path.with_name(f".{path.name}{CORRUPT_MARK}{stamp}")
+    n = 1
+    while target.exists():  # never replace an earlier one
+        target = path.with_name(f".{path.name}{CORRUPT_MARK}{stamp}-{n}")
+        n += 1
+    path.rename(target)
+    return target

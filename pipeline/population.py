@@ -1,4 +1,8 @@
-"""Building a population once per spec and linking it into each run that uses it."""
+"""Building a population once per spec and linking it into each run that uses it.
+
+A part file already on disk is checked (this partition's agent ids, in order) before it is
+reused, in the cache and in the run; a corrupt one is moved aside and built again.
+"""
 
 from __future__ import annotations
 
@@ -12,12 +16,14 @@ import pyarrow.parquet as pq
 from distributed import Client, as_completed
 
 from simpipe.config import AgentsConfig, Config
-from simpipe.files import remove_stale_temps, write_json_atomic, write_parquet_atomic
+from simpipe.console import Console
+from simpipe.files import move_aside, remove_stale_temps, write_json_atomic, write_parquet_atomic
+from simpipe.integrity import CorruptFile, check_part
 from simpipe.layout import RunPaths, part_name, population_cache
 from simpipe.persona_build import BackendFactory, PersonaStats, add_personas, generator_identity
 from simpipe.personas.config import PopulationConfig
 from simpipe.personas.meta_prompt import prompt_hash
-from simpipe.personas.sampling import sample_partition
+from simpipe.personas.sampling import partition_bounds, sample_partition
 
 SPEC_FILE = "_population.json"  # leading "_": Parquet readers skip it
 
@@ -38,15 +44,19 @@ def build_population_part(population: PopulationConfig, seed: int, partition: in
 
 def ensure_population(client: Client, config: Config, paths: RunPaths,
                       on_progress: Callable[[int, int], None] | None = None,
-                      backend_factory: BackendFactory | None = None) -> Path:
+                      backend_factory: BackendFactory | None = None,
+                      warn: Callable[[str], None] | None = None) -> Path:
     """The run's ``population/`` directory, built (or reused from the cache) and complete.
 
-    ``backend_factory`` replaces the persona generator's back-end (tests inject one)."""
+    ``backend_factory`` replaces the persona generator's back-end (tests inject one);
+    ``warn`` gets one line per corrupt part file found (default: the console)."""
     cache = population_cache(Path(config.run.output_dir), config.population_hash())
     n = config.population.n_partitions
+    warn = warn or Console().warn
     if cache.exists():
         remove_stale_temps(cache)
-    missing = [k for k in range(n) if not (cache / part_name(k)).exists()]
+    bounds = partition_bounds(config.population.size, n)
+    missing = [k for k in range(n) if not _usable(cache / part_name(k), bounds[k], warn)]
     persona = config.population.persona
     persona_agents = config.persona_agents if persona.mode == "llm" else None
     build = {"partitions_built": len(missing), "llm_requests": 0, "tokens_out": 0,
@@ -79,8 +89,25 @@ def ensure_population(client: Client, config: Config, paths: RunPaths,
     write_json_atomic(spec, cache / SPEC_FILE)
     # The spec file is rewritten on every build: relink it so the run sees this one.
     (paths.population / SPEC_FILE).unlink(missing_ok=True)
+    for k in range(n):  # a run's own copy (or a link to a part rebuilt since) is checked too
+        run_part = paths.population_part(k)
+        if run_part.exists() and not run_part.samefile(cache / part_name(k)):
+            _usable(run_part, bounds[k], warn, then="linking the checked build")
     _link_dir(cache, paths.population, [part_name(k) for k in range(n)] + [SPEC_FILE])
     return paths.population
+
+
+def _usable(part: Path, agents: tuple[int, int], warn: Callable[[str], None],
+            then: str = "building it again") -> bool:
+    """Whether a part file can be reused; a corrupt one is moved aside (and reported)."""
+    if not part.exists():
+        return False
+    try:
+        check_part(part, agents)
+    except CorruptFile as exc:
+        warn(f"{exc}; moved aside to {move_aside(part).name}, {then}")
+        return False
+    return True
 
 
 def _persona_meta(config: Config, cache: Path, n: int, build: dict) -> dict:

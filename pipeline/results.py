@@ -1,17 +1,21 @@
-"""Reading a run's results back (the public layout, with pandas)."""
+"""Reading a run's results back (the public layout, with pandas).
+
+``read_summary`` and ``read_ledger`` check what they read: a corrupt file raises
+``simpipe.integrity.CorruptFile`` (a ValueError) naming it.
+"""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pandas as pd
 
+from simpipe import integrity
 from simpipe.layout import RunPaths
 
 
 def read_summary(run_dir: str | Path) -> pd.DataFrame:
-    return pd.read_parquet(RunPaths(Path(run_dir)).summary)
+    return integrity.read_summary(RunPaths(Path(run_dir)).summary)
 
 
 def read_rounds(run_dir: str | Path, columns: list[str] | None = None) -> pd.DataFrame:
@@ -27,4 +31,4 @@ def read_population(run_dir: str | Path) -> pd.DataFrame:
 
 
 def read_ledger(run_dir: str | Path) -> dict:
-    return json.loads(RunPaths(Path(run_dir)).ledger.read_text(encoding="utf-8"))
+    return integrity.read_ledger(RunPaths(Path(run_dir)).ledger)

@@ -1,8 +1,10 @@
 """The worker side of a round: one task plays one population partition.
 
 The task is idempotent: if the partition's output file already exists (a resumed run, or
-a task retried after its worker died after writing) it only re-reads the file to rebuild
-the partial, so a round has exactly one row per agent however often a task runs.
+a task retried after its worker died after writing) and passes its check (this partition's
+agents, every column) it only re-reads the file to rebuild the partial, so a round has
+exactly one row per agent however often a task runs. A file that fails the check (truncated
+by a full disk, say) is moved aside, never deleted, and the partition is played again.
 """
 
 from __future__ import annotations
@@ -17,9 +19,11 @@ import pyarrow as pa
 from simpipe.agents.base import DecisionStats, Turn
 from simpipe.agents.registry import get_policy
 from simpipe.config import Config
-from simpipe.files import write_parquet_atomic
+from simpipe.files import move_aside, write_parquet_atomic
 from simpipe.games.beauty_contest import Partial, partial_from_rows
+from simpipe.integrity import CorruptFile, read_part
 from simpipe.layout import RunPaths
+from simpipe.personas.sampling import partition_bounds
 
 ROW_SCHEMA = pa.schema([
     ("agent_id", pa.int64()),
@@ -27,6 +31,7 @@ ROW_SCHEMA = pa.schema([
     ("guess", pa.float64()),
     ("status", pa.dictionary(pa.int8(), pa.string())),
     ("raw", pa.string()),
+    ("raw_truncated", pa.bool_()),
     ("tokens_in", pa.int32()),
     ("tokens_out", pa.int32()),
     ("latency_s", pa.float64()),
@@ -34,6 +39,8 @@ ROW_SCHEMA = pa.schema([
     ("shared", pa.bool_()),
 ])
 ROW_COLUMNS = tuple(ROW_SCHEMA.names)
+REUSED_COLUMNS = ("group_id", "guess", "status", "tokens_in", "tokens_out",
+                  "shared")  # for the partial and the round record
 
 
 @dataclass(frozen=True)
@@ -54,17 +61,23 @@ class PartitionOutcome:
     tokens_out: int
     reused: bool
     stats: DecisionStats = field(default_factory=DecisionStats)
+    set_aside: str = ""  # a corrupt file found in place of this partition's: the warning
 
 
 def play_partition(job: PartitionJob, winning: np.ndarray) -> PartitionOutcome:
     """``winning``: (groups, rounds so far), the number announced to each group each round."""
     paths = RunPaths(Path(job.run_dir))
     out = paths.round_part(job.round_index, job.partition)
+    set_aside = ""
     if out.exists():
-        rows = pd.read_parquet(out, columns=["group_id", "guess", "status", "tokens_in",
-                                             "tokens_out", "shared"])
-        return _outcome(job, rows, DecisionStats(shared_agents=int(rows["shared"].sum())),
-                        reused=True)
+        population = job.config.population
+        ids = partition_bounds(population.size, population.n_partitions)[job.partition]
+        try:
+            rows = read_part(out, ids, REUSED_COLUMNS, required=ROW_COLUMNS)
+            stats = DecisionStats(shared_agents=int(rows["shared"].sum()))
+            return _outcome(job, rows, stats, reused=True)
+        except CorruptFile as exc:
+            set_aside = f"{exc}; moved aside to {move_aside(out).name}, playing it again"
     agents = pd.read_parquet(paths.population_part(job.partition))
     policy = get_policy(job.config.agents)
     past_guesses = None
@@ -86,7 +99,7 @@ def play_partition(job: PartitionJob, winning: np.ndarray) -> PartitionOutcome:
         axis=1,
     )[list(ROW_COLUMNS)]
     write_parquet_atomic(pa.Table.from_pandas(rows, schema=ROW_SCHEMA, preserve_index=False), out)
-    return _outcome(job, rows, decisions.stats, reused=False)
+    return _outcome(job, rows, decisions.stats, reused=False, set_aside=set_aside)
 
 
 def read_own_guesses(paths: RunPaths, partition: int, round_index: int) -> np.ndarray:
@@ -98,8 +111,8 @@ def read_own_guesses(paths: RunPaths, partition: int, round_index: int) -> np.nd
     return np.column_stack(columns)
 
 
-def _outcome(job: PartitionJob, rows: pd.DataFrame, stats: DecisionStats,
-             reused: bool) -> PartitionOutcome:
+def _outcome(job: PartitionJob, rows: pd.DataFrame, stats: DecisionStats, reused: bool,
+             set_aside: str = "") -> PartitionOutcome:
     return PartitionOutcome(
         partition=job.partition,
         partial=partial_from_rows(rows),
@@ -108,4 +121,5 @@ def _outcome(job: PartitionJob, rows: pd.DataFrame, stats: DecisionStats,
         tokens_out=int(rows["tokens_out"].sum()),
         reused=reused,
         stats=stats,
+        set_aside=set_aside,
     )

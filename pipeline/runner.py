@@ -3,7 +3,10 @@
 Each round is one Dask task per population partition (``round_task.play_partition``), all
 submitted at once; the environment's reduce of their partials runs here, and the winning
 number of each group is fed to the next round. Partitions and rounds already on disk are
-skipped, which is what ``--resume`` relies on.
+skipped, which is what ``--resume`` relies on; each is checked first (``simpipe.integrity``):
+a corrupt part file is moved aside and its partition played again, a finished round with
+one is played (its good parts reused) and reduced again, and a corrupt ``summary.parquet``
+is rebuilt from the round files.
 
 Why tasks over partition files rather than ``dask.dataframe.map_partitions``: the
 dataframe optimizer may fuse small Parquet files into one partition, and the output layout
@@ -30,14 +33,16 @@ from simpipe.agents.shared_answers import sharing_refusal
 from simpipe.cluster.connect import make_client
 from simpipe.config import Config
 from simpipe.console import Console
-from simpipe.files import remove_stale_temps, write_parquet_atomic
+from simpipe.estimate import report_estimate
+from simpipe.files import move_aside, remove_stale_temps, write_parquet_atomic
 from simpipe.games.beauty_contest import Partial, equilibrium, reduce_round
 from simpipe.games.groups import assign_groups
+from simpipe.integrity import CorruptFile, read_ledger, read_summary, round_problems
 from simpipe.layout import RunPaths
-from simpipe.ledger import Ledger, open_run_dir
+from simpipe.ledger import Ledger, RunDirError, open_run_dir
 from simpipe.personas.sampling import partition_bounds
 from simpipe.population import ensure_population
-from simpipe.round_task import PartitionJob, PartitionOutcome, play_partition
+from simpipe.round_task import ROW_COLUMNS, PartitionJob, PartitionOutcome, play_partition
 
 
 class RunCancelled(RuntimeError):
@@ -73,6 +78,8 @@ def run_simulation(config: Config, *, resume: bool = False, force: bool = False,
     """Run (or resume) the configured simulation and return its summary."""
     console = console or Console()
     paths = RunPaths(config.run_dir)
+    if not force:
+        _check_ledger(paths)
     ledger = open_run_dir(paths, config, resume=resume, force=force)
     console.attach_log(paths.log)
     started = time.perf_counter()
@@ -87,6 +94,7 @@ def run_simulation(config: Config, *, resume: bool = False, force: bool = False,
             ledger.set_state("running", scheduler=dask_client.scheduler.address,
                              pid=os.getpid(), host=socket.gethostname())
             result = _run_rounds(dask_client, config, paths, ledger, console)
+            report_estimate(config, ledger, console)  # emulated servers only: the real run
     except RunCancelled:
         ledger.set_state("interrupted")
         console.line(f"cancelled; resume with: simpipe run CONFIG --resume  ({paths.root})")
@@ -111,7 +119,8 @@ def _run_rounds(client: Client, config: Config, paths: RunPaths, ledger: Ledger,
                 console: Console) -> RunResult:
     t0 = time.perf_counter()
     bar = console.progress(config.population.n_partitions, "population")
-    ensure_population(client, config, paths, on_progress=lambda done, n: bar.update(1))
+    ensure_population(client, config, paths, on_progress=lambda done, n: bar.update(1),
+                      warn=console.warn)
     bar.close()
     ledger.add_timing("population_s", time.perf_counter() - t0)
     if config.agents.backend != "scripted":
@@ -120,8 +129,9 @@ def _run_rounds(client: Client, config: Config, paths: RunPaths, ledger: Ledger,
     size, n_parts = config.population.size, config.population.n_partitions
     groups = assign_groups(size, config.game.group_size, config.run.seed)
     bounds = partition_bounds(size, n_parts)
-    summary = _read_summary(paths, ledger)
-    done_rounds = set(ledger.completed_rounds())
+    summary = _read_summary(paths, ledger, console)
+    done_rounds = set(summary["round"].tolist()) if len(summary) else set()
+    done_rounds -= _rounds_with_corrupt_parts(paths, done_rounds, bounds, console)
     counters = _CounterWatch(client, ledger)
     token = uuid.uuid4().hex[:8]  # task keys unique per invocation, even on a shared cluster
     round_times: list[float] = []
@@ -132,15 +142,16 @@ def _run_rounds(client: Client, config: Config, paths: RunPaths, ledger: Ledger,
             raise RunCancelled(str(paths.root))
         winning = _winning_table(summary, int(groups.max()) + 1 if size else 1, r)
         t_round = time.perf_counter()
+        started_at = time.time()  # on the clock emulated servers' stats are aligned to
         outcomes = _play_round(client, config, paths, ledger, console, r, groups, bounds, winning,
                                token)
         partial = Partial.concat([o.partial for o in outcomes])
         rows = reduce_round(partial, config.game, r)
-        summary = pd.concat([summary, rows], ignore_index=True) if len(summary) else rows
+        summary = _with_round(summary, rows, r)
         write_parquet_atomic(summary, paths.summary)
         elapsed = time.perf_counter() - t_round
         round_times.append(elapsed)
-        record = _round_record(rows, outcomes, elapsed)
+        record = _round_record(rows, outcomes, elapsed, started_at)
         ledger.record_round(r, record)
         counters.update()
         console.line(_round_line(config, r, rows, record))
@@ -175,6 +186,8 @@ def _play_round(client: Client, config: Config, paths: RunPaths, ledger: Ledger,
             batch = pending.next_batch(block=False) or _wait_one(pending)
             for future in batch:
                 outcome = future.result()
+                if outcome.set_aside:
+                    console.warn(outcome.set_aside)
                 outcomes.append(outcome)
                 agents_done += outcome.n_agents
                 bar.update(1)
@@ -218,15 +231,67 @@ def _winning_table(summary: pd.DataFrame, n_groups: int, upto: int) -> np.ndarra
     return table
 
 
-def _read_summary(paths: RunPaths, ledger: Ledger) -> pd.DataFrame:
-    if not paths.summary.exists():
+def _check_ledger(paths: RunPaths) -> None:
+    """An existing run.json must be readable before it is resumed or refused."""
+    if paths.ledger.exists():
+        try:
+            read_ledger(paths.ledger)
+        except CorruptFile as exc:
+            raise RunDirError(f"{exc}; restore it, or pass --force to start this run over "
+                              "(--resume needs it)") from None
+
+
+def _read_summary(paths: RunPaths, ledger: Ledger, console: Console) -> pd.DataFrame:
+    """The summary rows of the rounds the ledger records as complete. A completed round
+    without rows (a corrupt summary.parquet is moved aside) is played and reduced again
+    from its part files."""
+    completed = ledger.completed_rounds()
+    if not completed:
         return pd.DataFrame()
-    summary = pd.read_parquet(paths.summary)
+    try:
+        summary = read_summary(paths.summary)
+    except CorruptFile as exc:
+        aside = (f"moved aside to {move_aside(paths.summary).name}, "
+                 if paths.summary.exists() else "")
+        console.warn(f"{exc}; {aside}rebuilding it from the round files")
+        return pd.DataFrame()
     # Rounds reduced after the last ledger save are redone; the ledger is the authority.
-    return summary[summary["round"].isin(ledger.completed_rounds())].reset_index(drop=True)
+    summary = summary[summary["round"].isin(completed)].reset_index(drop=True)
+    lost = sorted(set(completed) - set(summary["round"].tolist()))
+    if lost:
+        console.warn(f"{paths.summary}: no rows for round(s) "
+                     f"{', '.join(str(r + 1) for r in lost)} that run.json records as complete; "
+                     "rebuilding them from the round files")
+    return summary
 
 
-def _round_record(rows: pd.DataFrame, outcomes: list[PartitionOutcome], elapsed: float) -> dict:
+def _rounds_with_corrupt_parts(paths: RunPaths, rounds: set[int],
+                               bounds: list[tuple[int, int]], console: Console) -> set[int]:
+    """Finished rounds with a missing or corrupt part file, each moved aside: such a round
+    is played again (its good parts are reused) and its summary rows rebuilt."""
+    replay = set()
+    for r in sorted(rounds):
+        for problem in round_problems(paths, r, bounds, ROW_COLUMNS):
+            note = (f"; moved aside to {move_aside(problem.path).name}"
+                    if problem.path.exists() else "")
+            console.warn(f"{problem}{note}; round {r + 1} is played again")
+            replay.add(r)
+    return replay
+
+
+def _with_round(summary: pd.DataFrame, rows: pd.DataFrame, r: int) -> pd.DataFrame:
+    """``summary`` with round ``r``'s rows (replacing any), in (round, group) order."""
+    if not len(summary):
+        return rows
+    kept = summary[summary["round"] != r]
+    if not len(kept):
+        return rows
+    merged = pd.concat([kept, rows], ignore_index=True)
+    return merged.sort_values(["round", "group_id"], kind="stable").reset_index(drop=True)
+
+
+def _round_record(rows: pd.DataFrame, outcomes: list[PartitionOutcome], elapsed: float,
+                  started_at: float) -> dict:
     n = int(rows["n"].sum())
     played = [o for o in outcomes if not o.reused]
     prompt_ids = (np.unique(np.concatenate([o.stats.prompt_ids for o in played]))
@@ -234,6 +299,7 @@ def _round_record(rows: pd.DataFrame, outcomes: list[PartitionOutcome], elapsed:
     distinct = int(prompt_ids.size)
     agents_played = sum(o.n_agents for o in played)
     return {
+        "started_at": round(started_at, 3),
         "n": n,
         "n_valid": int(rows["n_valid"].sum()),
         "n_unparsed": int(rows["n_unparsed"].sum()),

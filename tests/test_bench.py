@@ -31,12 +31,15 @@ def _bench(*args: str, timeout: int) -> list[dict[str, str]]:
 
 
 def test_bench_client_sends_every_request_through_each_client():
-    rows = _bench("client", "--requests", "400", "--concurrency", "16", timeout=120)
-    assert [r["client"] for r in rows] == [
-        "aiohttp, bare loop", "http_client, bare loop", "tgi back-end", "openai back-end",
+    # 2,000: enough server CPU (about 20 us a request) to show above the 10 ms clock tick
+    rows = _bench("client", "--requests", "2000", "--concurrency", "16", timeout=120)
+    assert [(r["client"], r["server"]) for r in rows] == [
+        ("aiohttp, bare loop", "stub"), ("http_client, bare loop", "stub"),
+        ("tgi back-end", "stub"), ("openai back-end", "stub"),
+        ("tgi back-end", "emulator, fast profile"), ("openai back-end", "emulator, fast profile"),
     ]
     for row in rows:
-        assert row["requests"] == "400" and row["errors"] == "0"
+        assert row["requests"] == "2000" and row["errors"] == "0"
         assert float(row["requests_per_s"].replace(",", "")) > 0
         assert float(row["cpu_s_per_1k"]) > 0 and float(row["server_cpu_s_per_1k"]) > 0
     assert rows[0]["x_aiohttp"] == "1.00"

@@ -14,8 +14,8 @@ import pandas as pd
 
 from simpipe.games.config import GameConfig
 
-DECISION_COLUMNS = ("guess", "status", "raw", "tokens_in", "tokens_out", "latency_s", "error",
-                    "shared")
+DECISION_COLUMNS = ("guess", "status", "raw", "raw_truncated", "tokens_in", "tokens_out",
+                    "latency_s", "error", "shared")
 
 
 @dataclass(frozen=True)
@@ -69,11 +69,24 @@ class AgentPolicy(abc.ABC):
         return {}
 
 
+def stored_raw(texts: list[str | None], max_chars: int) -> tuple[list[str | None], np.ndarray]:
+    """The answer texts as stored: each cut to its first ``max_chars`` characters, and
+    which ones were cut. A server's answer can be a megabyte; a million rows of that would
+    be a terabyte of Parquet, so storage keeps a prefix (parsing has used the full text)."""
+    truncated = np.fromiter((t is not None and len(t) > max_chars for t in texts), bool,
+                            len(texts))
+    if not truncated.any():
+        return texts, truncated
+    kept = [t[:max_chars] if cut else t for t, cut in zip(texts, truncated.tolist(), strict=True)]
+    return kept, truncated
+
+
 def decisions_frame(
     guess: np.ndarray,
     status: np.ndarray | list[str],
     *,
     raw: list[str | None] | None = None,
+    raw_truncated: np.ndarray | None = None,
     tokens_in: np.ndarray | None = None,
     tokens_out: np.ndarray | None = None,
     latency_s: np.ndarray | None = None,
@@ -90,6 +103,7 @@ def decisions_frame(
             "guess": np.asarray(guess, dtype=np.float64),
             "status": pd.Categorical(status, categories=("ok", "unparsed", "out_of_range", "error")),
             "raw": np.asarray(raw, dtype=object) if raw is not None else none,
+            "raw_truncated": np.zeros(n, bool) if raw_truncated is None else raw_truncated,
             "tokens_in": np.zeros(n, np.int32) if tokens_in is None else tokens_in.astype(np.int32),
             "tokens_out": np.zeros(n, np.int32) if tokens_out is None else tokens_out.astype(np.int32),
             "latency_s": np.zeros(n) if latency_s is None else np.asarray(latency_s, np.float64),

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from simpipe.agents.base import AgentPolicy, Decisions, DecisionStats, Turn, decisions_frame
+from simpipe.agents.base import AgentPolicy, Decisions, DecisionStats, Turn, decisions_frame, stored_raw
 from simpipe.agents.shared_answers import (
     SharedAnswers,
     draw_uniforms,
@@ -159,9 +159,10 @@ class LLMAgents(AgentPolicy):
         statuses[out.failed] = "error"
         guesses[out.failed] = np.nan
         stats.shared_agents = int(out.shared.sum())
-        frame = decisions_frame(guesses, statuses, raw=out.texts, tokens_in=out.tokens_in,
-                                tokens_out=out.tokens_out, latency_s=out.latency_s,
-                                error=out.errors, shared=out.shared)
+        raw, raw_truncated = stored_raw(out.texts.tolist(), self.sampling.max_raw_chars)
+        frame = decisions_frame(guesses, statuses, raw=raw, raw_truncated=raw_truncated,
+                                tokens_in=out.tokens_in, tokens_out=out.tokens_out,
+                                latency_s=out.latency_s, error=out.errors, shared=out.shared)
         return Decisions(frame, stats)
 
     def _draw_shared(self, out: _Answers, codes: np.ndarray, uniques: list[str],

@@ -5,8 +5,10 @@ Rows: a bare ``aiohttp.ClientSession.post`` loop (the reference FACTS.md measure
 loop on our own keep-alive client (``http_client.ConnectionPool``, the floor), then
 ``TgiBackend`` and ``OpenAIBackend`` through ``generate`` (the code path the pipeline
 uses): same requests, same number in flight. ``x_aiohttp`` is client CPU per request
-relative to the bare aiohttp loop; ``server_cpu_s_per_1k`` is the stub's, which shares
-the machine and bounds requests/s when it is the larger of the two.
+relative to the bare aiohttp loop; ``server_cpu_s_per_1k`` is the server's, which shares
+the machine and bounds requests/s when it is the larger of the two. The last rows send the
+back-ends' requests to the GPU emulator (one GPU, ``fast`` profile): its server CPU per
+request is what an emulated fleet costs.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from simpipe import aio
 from simpipe.agents.registry import build_backend
 from simpipe.config import AgentsConfig
 from simpipe.inference.base import Backend, GenerationRequest, OutputConstraint
+from simpipe.inference.emulator import EmulatorProcess
 from simpipe.inference.http_client import ConnectionPool
 from simpipe.inference.stub_server import StubProcess
 from simpipe.tables import markdown_table
@@ -119,10 +122,13 @@ async def _through(backend: Backend, reqs: Sequence[GenerationRequest]) -> int:
 
 
 def run_client_bench(
-    n_requests: int, protocols: Sequence[str] = ("tgi", "openai"), concurrency: int = 64
+    n_requests: int, protocols: Sequence[str] = ("tgi", "openai"), concurrency: int = 64,
+    emulator: bool = True,
 ) -> list[dict]:
     """Send ``n_requests`` per client (the two bare loops, then each protocol's back-end)
-    to a stub server process; one row per client."""
+    to a stub server process, then each protocol's back-end to a one-GPU emulator process
+    with the ``fast`` profile (its server CPU per request is the emulator's cost); one row
+    per client and server."""
     if n_requests < 1:
         raise ValueError("n_requests must be at least 1")
     if concurrency < 1:
@@ -131,44 +137,55 @@ def run_client_bench(
     warm = _requests(min(500, n_requests))
     rows: list[dict] = []
 
+    async def measure(server: psutil.Process, server_name: str, client: str,
+                      run: Callable[[Sequence[GenerationRequest]], Coroutine[Any, Any, int]]
+                      ) -> None:
+        await run(warm)  # connections open, code paths hot
+        server_cpu0 = sum(server.cpu_times()[:2])
+        cpu0, t0 = time.process_time(), time.perf_counter()
+        errors = await run(reqs)
+        wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+        server_cpu = sum(server.cpu_times()[:2]) - server_cpu0
+        rows.append(
+            {
+                "client": client,
+                "server": server_name,
+                "requests": n_requests,
+                "concurrency": concurrency,
+                "wall_s": wall,
+                "requests_per_s": n_requests / wall,
+                "cpu_s_per_1k": cpu / n_requests * 1000,
+                "server_cpu_s_per_1k": server_cpu / n_requests * 1000,
+                "x_aiohttp": 1.0,
+                "errors": errors,
+            }
+        )
+
+    async def backends(server: psutil.Process, server_name: str, url: str) -> None:
+        for protocol in protocols:
+            backend = _backend(protocol, url, concurrency)
+            try:
+                await measure(server, server_name, f"{protocol} back-end",
+                              lambda rs, b=backend: _through(b, rs))
+            finally:
+                await backend.aclose()
+
     with StubProcess(max_concurrent=max(128, concurrency), record=1) as stub:
         server = psutil.Process(stub.proc.pid)  # type: ignore[union-attr]
 
-        async def measure(
-            client: str, run: Callable[[Sequence[GenerationRequest]], Coroutine[Any, Any, int]]
-        ) -> None:
-            await run(warm)  # connections open, code paths hot
-            server_cpu0 = sum(server.cpu_times()[:2])
-            cpu0, t0 = time.process_time(), time.perf_counter()
-            errors = await run(reqs)
-            wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
-            server_cpu = sum(server.cpu_times()[:2]) - server_cpu0
-            rows.append(
-                {
-                    "client": client,
-                    "requests": n_requests,
-                    "concurrency": concurrency,
-                    "wall_s": wall,
-                    "requests_per_s": n_requests / wall,
-                    "cpu_s_per_1k": cpu / n_requests * 1000,
-                    "server_cpu_s_per_1k": server_cpu / n_requests * 1000,
-                    "x_aiohttp": 1.0,
-                    "errors": errors,
-                }
-            )
-
         async def bench(url: str) -> None:
-            await measure("aiohttp, bare loop", lambda rs: _aiohttp_loop(url, rs, concurrency))
-            await measure("http_client, bare loop", lambda rs: _pool_loop(url, rs, concurrency))
-            for protocol in protocols:
-                backend = _backend(protocol, url, concurrency)
-                try:
-                    await measure(f"{protocol} back-end", lambda rs, b=backend: _through(b, rs))
-                finally:
-                    await backend.aclose()
+            await measure(server, "stub", "aiohttp, bare loop",
+                          lambda rs: _aiohttp_loop(url, rs, concurrency))
+            await measure(server, "stub", "http_client, bare loop",
+                          lambda rs: _pool_loop(url, rs, concurrency))
+            await backends(server, "stub", url)
 
         # The pipeline's workers run on uvloop when it is installed; measure what they run.
         aio.run(bench(stub.url))
+    if emulator:
+        with EmulatorProcess(gpus=1, profile="fast") as emu:
+            server = psutil.Process(emu.proc.pid)  # type: ignore[union-attr]
+            aio.run(backends(server, "emulator, fast profile", emu.urls[0]))
     reference = rows[0]["cpu_s_per_1k"] or 1e-9
     for row in rows:
         row["x_aiohttp"] = row["cpu_s_per_1k"] / reference

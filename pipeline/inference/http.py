@@ -21,6 +21,7 @@ request queued in this process.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import random
@@ -29,8 +30,14 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from simpipe.cluster.endpoints import is_local
+from simpipe.inference.answer_checks import MalformedAnswer
 from simpipe.inference.base import Backend, EndpointCounters, GenerationRequest, GenerationResult
-from simpipe.inference.http_client import ConnectFailed, ConnectionPool, HttpError
+from simpipe.inference.http_client import (
+    ConnectFailed,
+    ConnectionPool,
+    HttpError,
+    ResponseTooLarge,
+)
 from simpipe.inference.settings import HttpSettings
 
 #: Statuses worth another try: overload (429, 503), TGI's generation error (424),
@@ -40,11 +47,17 @@ DOWN_AFTER = 3  # consecutive connection failures / timeouts before an endpoint 
 DOWN_FOR_S = 10.0  # how long it sits out before it is tried again
 
 #: ``encode(request) -> (path, body)``; ``decode(json, headers) -> (text, tokens_in,
-#: tokens_out, finish_reason)``. A decode that raises KeyError/TypeError/IndexError/
-#: ValueError marks the answer malformed (an error without retry).
+#: tokens_out, finish_reason)``, checked with ``simpipe.inference.answer_checks``. A decode
+#: that raises one of DECODE_ERRORS (``MalformedAnswer`` is a ValueError; so is a body that
+#: is not UTF-8 or not JSON) marks the answer malformed: that agent's error, no retry.
+#: RecursionError is what ``json.loads`` raises for JSON nested thousands deep.
 Encoder = Callable[[GenerationRequest], tuple[str, bytes]]
 Decoder = Callable[[Any, Mapping[str, str]], tuple[str, int, int, str | None]]
-DECODE_ERRORS = (KeyError, TypeError, IndexError, ValueError, AttributeError)
+DECODE_ERRORS = (KeyError, TypeError, IndexError, ValueError, AttributeError, RecursionError)
+#: The server's own words in an error are cut to this many characters.
+MAX_SERVER_MESSAGE = 300
+#: A run of this many characters of the API token is never shown (see ``redact``).
+SECRET_RUN = 8
 
 
 def api_token() -> str | None:
@@ -87,6 +100,7 @@ class EndpointPool:
         # Only a mix of this node's and other nodes' servers needs the two-pass pick.
         self._has_remote = len({ep.local for ep in self._endpoints}) == 2
         self._max_concurrency = settings.max_concurrency
+        self._max_body = settings.max_response_bytes
         self._timeout_s = settings.timeout_s
         self._retries = settings.retries
         self._backoff_s = settings.backoff_s
@@ -116,7 +130,9 @@ class EndpointPool:
         if state is None:
             for old in [lp for lp in self._states if lp.is_closed()]:  # died without aclose
                 del self._states[old]
-            conns = [ConnectionPool(ep.name, self._headers) for ep in self._endpoints]
+            conns = [
+                ConnectionPool(ep.name, self._headers, self._max_body) for ep in self._endpoints
+            ]
             sems = [asyncio.Semaphore(self._max_concurrency) for _ in self._endpoints]
             state = self._states[loop] = _LoopState(conns, sems)
         return state
@@ -199,6 +215,13 @@ class EndpointPool:
                 raw = resp.body
                 status = resp.status
                 headers = resp.headers
+            except ResponseTooLarge as exc:
+                # It answered (so it is up), but too much: the same request would only get
+                # the same again.
+                counters.errors += 1
+                ep.fails = 0
+                error = f"{exc} from {ep.name}"
+                break
             except (HttpError, TimeoutError) as exc:
                 error = _describe(exc, ep.name, self._timeout_s)
             finally:
@@ -209,7 +232,7 @@ class EndpointPool:
                     text, tokens_in, tokens_out, finish = decode(json.loads(raw), headers)
                 except DECODE_ERRORS as exc:
                     counters.errors += 1
-                    error = f"malformed answer from {ep.name}: {type(exc).__name__}: {exc}"
+                    error = f"malformed answer from {ep.name}: {_malformed(exc)}"
                     break
                 ep.fails = 0
                 latency = time.perf_counter() - t0
@@ -227,7 +250,7 @@ class EndpointPool:
                     ep.down_until = time.monotonic() + DOWN_FOR_S
             else:
                 ep.fails = 0  # it answered: up, whatever it said
-                error = error_text(status, raw, ep.name)
+                error = error_text(status, raw, ep.name, self._token)
                 if status not in RETRY_STATUS:
                     break
             if attempt == self._retries:
@@ -237,7 +260,8 @@ class EndpointPool:
                 continue  # another endpoint can take it now; no reason to wait
             delay = random.uniform(0.0, min(self._backoff_max_s, self._backoff_s * 2**attempt))
             retry_after = headers.get("retry-after") if status else None
-            if retry_after and retry_after.isdigit():
+            # isdigit alone admits "²", which float() refuses; HTTP means ASCII digits.
+            if retry_after and retry_after.isascii() and retry_after.isdigit():
                 delay = max(delay, min(float(retry_after), self._backoff_max_s))
             if delay > 0:
                 await asyncio.sleep(delay)
@@ -245,16 +269,11 @@ class EndpointPool:
             None,
             latency_s=time.perf_counter() - t0 if t0 else 0.0,
             status="error",
-            error=self._scrub(error),
+            # Belt and braces: error_text has already redacted the server's words; nothing
+            # else built here contains the token.
+            error=redact(error, self._token),
             endpoint=ep.name if ep is not None else None,
         )
-
-    def _scrub(self, text: str) -> str:
-        # Belt and braces: no error text built here contains the token, but a server
-        # could echo headers back in its error body.
-        if self._token and self._token in text:
-            return text.replace(self._token, "***")
-        return text
 
     async def aclose(self) -> None:
         """Close this event loop's connections."""
@@ -272,28 +291,74 @@ def _describe(exc: BaseException, endpoint: str, timeout_s: float | None) -> str
     return f"{type(exc).__name__} at {endpoint}: {exc}"
 
 
-def error_text(status: int, raw: bytes, endpoint: str) -> str:
+def _malformed(exc: BaseException) -> str:
+    if isinstance(exc, RecursionError):
+        return "JSON nested too deeply"
+    if isinstance(exc, MalformedAnswer):
+        return str(exc)
+    return f"{type(exc).__name__}: {exc}"
+
+
+def redact(text: str, secret: str | None) -> str:
+    """``text`` with every run of ``SECRET_RUN`` or more characters of ``secret`` (the
+    whole token, a prefix left by someone's cut, any other piece) replaced by ``***``."""
+    if not secret or not text:
+        return text
+    if len(secret) <= SECRET_RUN:
+        return text.replace(secret, "***")
+    pieces = _pieces(secret)
+    out = []
+    start = i = 0
+    end = len(text) - SECRET_RUN
+    while i <= end:
+        if text[i : i + SECRET_RUN] in pieces:
+            j = i + SECRET_RUN
+            while j < len(text) and text[i : j + 1] in secret:
+                j += 1
+            out.append(text[start:i])
+            out.append("***")
+            start = i = j
+        else:
+            i += 1
+    out.append(text[start:])
+    return "".join(out)
+
+
+@functools.lru_cache(maxsize=4)
+def _pieces(secret: str) -> frozenset[str]:
+    return frozenset(secret[i : i + SECRET_RUN] for i in range(len(secret) - SECRET_RUN + 1))
+
+
+def error_text(status: int, raw: bytes, endpoint: str, secret: str | None = None) -> str:
     """The server's own words: TGI ``{"error", "error_type"}``, OpenAI / llama.cpp /
-    vLLM >= 0.8 ``{"error": {"message"}}``, older vLLM ``{"message"}``, FastAPI ``{"detail"}``."""
-    msg = None
+    vLLM >= 0.8 ``{"error": {"message"}}``, older vLLM ``{"message"}``, FastAPI ``{"detail"}``;
+    on one line, ``secret`` redacted and then cut to MAX_SERVER_MESSAGE characters."""
     try:
-        data = json.loads(raw)
-    except ValueError:
-        data = None
-    if isinstance(data, dict):
-        err = data.get("error")
-        if isinstance(err, dict):
-            msg = err.get("message") or json.dumps(err)
-        elif isinstance(err, str):
-            kind = data.get("error_type")
-            msg = f"{kind}: {err}" if kind else err
-        elif "message" in data:
-            msg = str(data["message"])
-        elif "detail" in data:
-            msg = str(data["detail"])
+        msg = _server_message(json.loads(raw))
+    except (ValueError, RecursionError):  # not JSON, or nested too deep to load or show
+        msg = None
     if msg is None:
-        msg = raw[:300].decode("utf-8", "replace").strip() or "(empty body)"
-    return f"HTTP {status} from {endpoint}: {msg}"
+        msg = raw[: 4 * MAX_SERVER_MESSAGE].decode("utf-8", "replace")
+    # Redact before the final cut, so a cut through the token cannot leave a piece of it.
+    # Cutting first to a window a few times longer keeps this cheap for a 1 MiB message:
+    # a piece of the token that window leaves at its end is redacted like any other.
+    msg = redact(" ".join(msg[: 4 * MAX_SERVER_MESSAGE].split()), secret)
+    return f"HTTP {status} from {endpoint}: {msg[:MAX_SERVER_MESSAGE] or '(empty body)'}"
+
+
+def _server_message(data: Any) -> str | None:
+    if not isinstance(data, dict):
+        return None
+    err = data.get("error")
+    if isinstance(err, dict):
+        return str(err.get("message") or json.dumps(err))
+    if isinstance(err, str):
+        kind = data.get("error_type")
+        return f"{kind}: {err}" if kind else err
+    for key in ("message", "detail"):
+        if key in data:
+            return str(data[key])
+    return None
 
 
 class HttpBackend(Backend):

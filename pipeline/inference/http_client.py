@@ -10,6 +10,13 @@ about 70 us per request (``simpipe bench client`` measures both).
 
 What it does not do, on purpose: redirects, cookies, proxies, compression, HTTP/2.
 Inference servers answer generation requests with JSON directly.
+
+An answer is untrusted input, bounded before it is buffered: the status line and headers
+to ``MAX_HEAD_BYTES``, the body to the pool's ``max_body`` (a ``Content-Length`` above it
+is refused before any body byte is read). Beyond either, the request fails with
+``ResponseTooLarge`` and the connection is dropped, so an endless answer costs at most
+the bound plus one socket read. Bytes that arrive while no request is waiting (a
+server talking out of turn) drop the connection too.
 """
 
 from __future__ import annotations
@@ -28,6 +35,10 @@ from simpipe.inference.settings import parse_base_url
 #: closes idle keep-alive connections after 5 s, and a request written into a connection
 #: the server is closing is lost.
 IDLE_REUSE_S = 4.0
+#: Status line and headers of one answer, at most (inference servers send under 1 KiB).
+MAX_HEAD_BYTES = 64 * 1024
+#: Body of one answer, at most, unless the pool is given another bound.
+DEFAULT_MAX_BODY = 2**20
 
 
 class HttpError(Exception):
@@ -40,6 +51,10 @@ class ConnectFailed(HttpError):
 
 class ConnectionLost(HttpError):
     """The server closed the connection or sent something that is not HTTP."""
+
+
+class ResponseTooLarge(HttpError):
+    """The answer's headers or body went past their bound (the connection is dropped)."""
 
 
 class Response:
@@ -56,12 +71,15 @@ class Response:
 class _Connection(asyncio.Protocol):
     """One TCP connection; one request at a time (no pipelining)."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_body: int) -> None:
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
         self.waiter: asyncio.Future[Response] | None = None
         self.chunks: list[bytes] = []
         self.headers: dict[str, str] = {}
+        self.max_body = max_body
+        self.body_bytes = 0  # of the current answer
+        self.head_bytes = 0  # of the current answer, until its first body byte
         self.got_bytes = False  # any byte of the current answer: then a failure is not stale
         self.closed = False
         self.keep_alive = True
@@ -72,12 +90,22 @@ class _Connection(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
+        if self.waiter is None:  # no request is waiting: nothing here can be trusted
+            self.abort()
+            return
         self.got_bytes = True
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as exc:
             self._fail(ConnectionLost(f"not an HTTP answer ({exc})"))
             self.abort()
+            return
+        except httptools.HttpParserUpgrade:
+            self._fail(ConnectionLost("the server switched protocols (HTTP 101), no answer"))
+            self.abort()
+            return
+        if self.waiter is not None:  # the answer goes on in a later read (rare: checks here)
+            self._check_unfinished(len(data))
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -103,20 +131,30 @@ class _Connection(asyncio.Protocol):
         self.headers[name.decode("latin-1").lower()] = value.decode("latin-1")
 
     def on_body(self, body: bytes) -> None:
-        self.chunks.append(body)
+        self.body_bytes += len(body)
+        if self.body_bytes <= self.max_body:
+            self.chunks.append(body)
+        elif not self.closed:
+            self._too_large(f"answer larger than {size_text(self.max_body)}")
 
     def on_message_complete(self) -> None:
         self.keep_alive = self.parser.should_keep_alive()
         waiter = self.waiter
         self.waiter = None
         if waiter is not None and not waiter.done():
-            waiter.set_result(Response(self._status(), b"".join(self.chunks), self.headers))
+            status = self._status()
+            if status < 100:  # llhttp takes any three digits; "000" would read as no answer
+                waiter.set_exception(ConnectionLost(f"not an HTTP answer (status {status:03d})"))
+                self.abort()
+                return
+            waiter.set_result(Response(status, b"".join(self.chunks), self.headers))
 
     # used by the pool
     def send(self, data: bytes) -> asyncio.Future[Response]:
         if self.closed or self.transport is None or self.transport.is_closing():
             raise ConnectionLost("the server closed the connection")
         self.got_bytes = False
+        self.body_bytes = self.head_bytes = 0
         self.waiter = asyncio.get_running_loop().create_future()
         self.transport.write(data)
         return self.waiter
@@ -138,6 +176,26 @@ class _Connection(asyncio.Protocol):
         if waiter is not None and not waiter.done():
             waiter.set_exception(exc)
 
+    def _check_unfinished(self, n: int) -> None:
+        """Bounds on an answer that spans reads (one read is bounded by the event loop;
+        on_body bounds the body)."""
+        if not self.body_bytes:
+            # No body byte yet: all of this read was status line and headers. llhttp holds
+            # an unfinished header itself, so this is its only bound.
+            self.head_bytes += n
+            if self.head_bytes > MAX_HEAD_BYTES:
+                self._too_large(f"answer headers larger than {size_text(MAX_HEAD_BYTES)}")
+                return
+        # A body announced larger than the bound is refused before waiting for any of it.
+        length = self.headers.get("content-length")
+        if length and length.isdigit() and (len(length) > 18 or int(length) > self.max_body):
+            self._too_large(f"answer larger than {size_text(self.max_body)}")
+
+    def _too_large(self, what: str) -> None:
+        self.chunks = []  # the part already buffered goes now, not when the answer would end
+        self._fail(ResponseTooLarge(what))
+        self.abort()
+
 
 class ConnectionPool:
     """Persistent connections to one server (``http://`` or ``https://`` base URL).
@@ -146,9 +204,15 @@ class ConnectionPool:
     kept for reuse; the caller bounds how many requests run at once.
     """
 
-    def __init__(self, base_url: str, headers: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        headers: Mapping[str, str] | None = None,
+        max_body: int = DEFAULT_MAX_BODY,
+    ) -> None:
         parts = parse_base_url(base_url)
         self.base_url = base_url
+        self._max_body = max_body
         self._host = parts.hostname
         self._tls = ssl.create_default_context() if parts.scheme == "https" else None
         default_port = 443 if self._tls else 80
@@ -163,8 +227,9 @@ class ConnectionPool:
         self._paths: dict[str, bytes] = {}
 
     async def post(self, path: str, body: bytes, timeout_s: float | None = None) -> Response:
-        """POST ``body`` to ``base_url + path``. Raises ``ConnectFailed``, ``ConnectionLost``
-        or ``TimeoutError`` (for the whole exchange, connecting included)."""
+        """POST ``body`` to ``base_url + path``. Raises ``ConnectFailed``, ``ConnectionLost``,
+        ``ResponseTooLarge`` or ``TimeoutError`` (for the whole exchange, connecting
+        included)."""
         target = self._paths.get(path)
         if target is None:
             target = self._paths[path] = (self._prefix + path).encode("latin-1")
@@ -213,7 +278,7 @@ class ConnectionPool:
         loop = asyncio.get_running_loop()
         try:
             _, conn = await loop.create_connection(
-                _Connection,
+                lambda: _Connection(self._max_body),
                 self._host,
                 self._port,
                 ssl=self._tls,
@@ -230,6 +295,14 @@ class ConnectionPool:
         for conn in self._idle:
             conn.abort()
         self._idle.clear()
+
+
+def size_text(n: int) -> str:
+    """A byte count as people write it: "1 MiB", "64 KiB", "1000 bytes"."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale and n % scale == 0:
+            return f"{n // scale} {unit}"
+    return f"{n} bytes"
 
 
 def _why(exc: OSError) -> str:

@@ -21,6 +21,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from simpipe.inference.answer_checks import (
+    MalformedAnswer,
+    answer_text,
+    finish_reason,
+    json_object,
+    token_count,
+)
 from simpipe.inference.base import (
     Backend,
     EndpointCounters,
@@ -210,15 +217,20 @@ def _to_result(response: Any, is_chat: bool, latency_s: float) -> GenerationResu
         text = choice["message"]["content"] if is_chat else choice["text"]
     except (KeyError, IndexError, TypeError):
         return _error(f"malformed response from xllamacpp: {response!r:.200}", latency_s)
-    usage = response.get("usage") or {}
-    return GenerationResult(
-        text=text or "",
-        tokens_in=int(usage.get("prompt_tokens", 0)),
-        tokens_out=int(usage.get("completion_tokens", 0)),
-        latency_s=latency_s,
-        finish_reason=choice.get("finish_reason"),
-        endpoint=ENDPOINT,
-    )
+    try:
+        # The same checks as an HTTP server's answer: a bad field costs this agent only.
+        usage = response.get("usage")
+        usage = {} if usage is None else json_object(usage, "usage")
+        return GenerationResult(
+            text="" if text is None else answer_text(text, "text"),
+            tokens_in=token_count(usage.get("prompt_tokens"), "usage.prompt_tokens"),
+            tokens_out=token_count(usage.get("completion_tokens"), "usage.completion_tokens"),
+            latency_s=latency_s,
+            finish_reason=finish_reason(choice.get("finish_reason"), "finish_reason"),
+            endpoint=ENDPOINT,
+        )
+    except MalformedAnswer as exc:
+        return _error(f"malformed response from xllamacpp: {exc}", latency_s)
 
 
 def _error(message: str, latency_s: float) -> GenerationResult:

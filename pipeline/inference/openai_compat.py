@@ -30,6 +30,12 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from simpipe.inference.answer_checks import (
+    MalformedAnswer,
+    checked_answer,
+    json_object,
+    not_an_object,
+)
 from simpipe.inference.base import GenerationRequest, OutputConstraint
 from simpipe.inference.http import HttpBackend
 from simpipe.inference.settings import OpenAISettings
@@ -77,17 +83,42 @@ class OpenAIBackend(HttpBackend):
         return path, _dumps(body).encode()
 
     def _decode(self, data: Any, headers: Mapping[str, str]) -> tuple[str, int, int, str | None]:
-        choice = data["choices"][0]
-        text = choice.get("text")
+        return decode_openai_answer(data)
+
+
+def decode_openai_answer(data: Any) -> tuple[str, int, int, str | None]:
+    """(text, tokens_in, tokens_out, finish_reason) of a completions or chat answer; raises
+    ``MalformedAnswer`` naming the field that is missing or of the wrong type."""
+    if type(data) is not dict:
+        raise not_an_object(data, "the answer")
+    choices = data.get("choices")
+    if type(choices) is not list or not choices:
+        raise MalformedAnswer("choices is not a non-empty list")
+    choice = choices[0]
+    if type(choice) is not dict:
+        raise not_an_object(choice, "choices[0]")
+    text = choice.get("text")
+    if text is None:  # chat: the message content (null when the model said nothing)
+        text = json_object(choice.get("message"), "choices[0].message").get("content")
+        fields = _CHAT_FIELDS
         if text is None:
-            text = choice["message"]["content"] or ""
-        usage = data.get("usage") or {}
-        return (
-            text,
-            int(usage.get("prompt_tokens") or 0),
-            int(usage.get("completion_tokens") or 0),
-            choice.get("finish_reason"),
-        )
+            text = ""
+    else:
+        fields = _COMPLETION_FIELDS
+    usage = data.get("usage")
+    if usage is None:
+        tokens_in = tokens_out = 0
+    elif type(usage) is dict:
+        tokens_in = usage.get("prompt_tokens", 0)
+        tokens_out = usage.get("completion_tokens", 0)
+    else:
+        raise not_an_object(usage, "usage")
+    return checked_answer(text, tokens_in, tokens_out, choice.get("finish_reason"), fields)
+
+
+_USAGE = ("usage.prompt_tokens", "usage.completion_tokens", "choices[0].finish_reason")
+_COMPLETION_FIELDS = ("choices[0].text", *_USAGE)
+_CHAT_FIELDS = ("choices[0].message.content", *_USAGE)
 
 
 def _add_constraint(body: dict, c: OutputConstraint, mode: str) -> None:

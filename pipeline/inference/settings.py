@@ -46,6 +46,9 @@ class HttpSettings(_Section):
     retries: int = Field(4, ge=0)  # after the first attempt
     backoff_s: float = Field(0.5, ge=0)  # first back-off; doubles each retry, with jitter
     backoff_max_s: float = Field(20.0, ge=0)
+    # The largest answer body accepted (bytes); a larger one is that agent's error. Inference
+    # answers are a few KiB; the bound keeps a broken or hostile server from filling memory.
+    max_response_bytes: int = Field(2**20, ge=4096, le=2**30)
 
     @field_validator("endpoints")
     @classmethod

@@ -1,5 +1,6 @@
-"""The stub server's HTTP/1.1 layer: keep-alive connections, requests parsed by llhttp
-(``httptools``), one handler call per request.
+"""The HTTP/1.1 layer of simpipe's own servers (the stub and the emulator): keep-alive
+connections, requests parsed by llhttp (``httptools``), one handler call per request, answers
+as one buffer or, for server-sent events, in chunked transfer encoding.
 
 The stub must answer faster than a client can ask, or ``simpipe bench client`` measures
 the stub: an aiohttp ``web.Application`` spends ~190 us of CPU per request on this
@@ -33,9 +34,12 @@ class HttpResponse:
     body: bytes = b""
     headers: dict[str, str] | None = None
     content_type: str = "application/json"
+    chunks: list[bytes] | None = None  # set: sent with Transfer-Encoding: chunked, not body
 
 
-#: A handler answers at once (``HttpResponse``) or later (an awaitable of one).
+#: A handler answers at once (``HttpResponse``) or later: an ``asyncio.Future`` of one (no
+#: task per request: the answer goes out from the future's done callback) or any other
+#: awaitable of one.
 Handler = Callable[[HttpRequest], "HttpResponse | Awaitable[HttpResponse]"]
 
 
@@ -45,14 +49,25 @@ def encode_response(resp: HttpResponse, keep_alive: bool) -> bytes:
     except ValueError:
         phrase = ""
     lines = [f"HTTP/1.1 {resp.status} {phrase}"]
-    if resp.body or resp.status not in (204, 304):
+    if resp.body or resp.chunks is not None or resp.status not in (204, 304):
         lines.append(f"Content-Type: {resp.content_type}")
-    lines.append(f"Content-Length: {len(resp.body)}")
+    if resp.chunks is None:
+        lines.append(f"Content-Length: {len(resp.body)}")
+    else:
+        lines.append("Transfer-Encoding: chunked")
     if not keep_alive:
         lines.append("Connection: close")
     for name, value in (resp.headers or {}).items():
         lines.append(f"{name}: {value}")
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + resp.body
+    head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+    if resp.chunks is None:
+        return head + resp.body
+    parts = [head]
+    for chunk in resp.chunks:
+        if chunk:  # an empty chunk would end the body early
+            parts += [f"{len(chunk):x}\r\n".encode(), chunk, b"\r\n"]
+    parts.append(b"0\r\n\r\n")
+    return b"".join(parts)
 
 
 def _server_error(exc: Exception) -> HttpResponse:
@@ -121,7 +136,19 @@ class _ServerConnection(asyncio.Protocol):
             return
         # Answers go out in request order: read nothing more until this one is written.
         self.transport.pause_reading()  # type: ignore[union-attr]
+        if isinstance(answer, asyncio.Future):
+            answer.add_done_callback(lambda fut: self._deliver(fut, keep_alive))
+            return
         self.pending = asyncio.ensure_future(self._later(answer, keep_alive))
+
+    def _deliver(self, fut: asyncio.Future, keep_alive: bool) -> None:
+        if fut.cancelled():
+            resp = HttpResponse(503, b'{"error":"server shutting down","error_type":"server"}')
+        elif fut.exception() is not None:
+            resp = _server_error(fut.exception())  # type: ignore[arg-type]
+        else:
+            resp = fut.result()
+        self._answered(resp, keep_alive)
 
     async def _later(self, answer: Awaitable[HttpResponse], keep_alive: bool) -> None:
         try:
@@ -129,6 +156,10 @@ class _ServerConnection(asyncio.Protocol):
         except Exception as exc:  # noqa: BLE001 - as above
             resp = _server_error(exc)
         self.pending = None
+        self._answered(resp, keep_alive)
+
+    def _answered(self, resp: HttpResponse, keep_alive: bool) -> None:
+        """A deferred answer is ready: send it and read the connection's next request."""
         self._send(resp, keep_alive)
         if keep_alive and self.transport is not None and not self.transport.is_closing():
             self.transport.resume_reading()

@@ -24,8 +24,15 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from simpipe.inference.answer_checks import (
+    MalformedAnswer,
+    checked_answer,
+    header_token_count,
+    not_an_object,
+)
 from simpipe.inference.base import GenerationRequest
 from simpipe.inference.http import HttpBackend
+from simpipe.inference.openai_compat import decode_openai_answer
 from simpipe.inference.settings import TgiSettings
 
 # json.dumps with its cached default encoder measured fastest (ASCII escapes are valid JSON).
@@ -63,26 +70,37 @@ class TgiBackend(HttpBackend):
         return "/generate", _dumps({"inputs": req.prompt, "parameters": params}).encode()
 
     def _decode(self, data: Any, headers: Mapping[str, str]) -> tuple[str, int, int, str | None]:
-        if "choices" in data:  # the Messages API
-            choice = data["choices"][0]
-            usage = data.get("usage") or {}
-            return (
-                choice["message"]["content"] or "",
-                int(usage.get("prompt_tokens") or 0),
-                int(usage.get("completion_tokens") or 0),
-                choice.get("finish_reason"),
-            )
-        if isinstance(data, list):  # TGI's ``POST /`` shape, should a proxy route there
+        if type(data) is list:  # TGI's ``POST /`` shape, should a proxy route there
+            if not data:
+                raise MalformedAnswer("the answer is an empty list")
             data = data[0]
-        details = data.get("details") or {}
+        if type(data) is not dict:
+            raise not_an_object(data, "the answer")
+        if "choices" in data:  # the Messages API
+            return decode_openai_answer(data)
+        details = data.get("details")
+        if details is None:
+            details = {}
+        elif type(details) is not dict:
+            raise not_an_object(details, "details")
         prefill = details.get("prefill")
-        tokens_in = len(prefill) if prefill else int(headers.get("x-prompt-tokens") or 0)
-        return (
-            data["generated_text"],
+        if prefill:
+            if type(prefill) is not list:
+                raise MalformedAnswer("details.prefill is not a list")
+            tokens_in = len(prefill)
+        else:
+            tokens_in = header_token_count(headers.get("x-prompt-tokens"), "x-prompt-tokens")
+        return checked_answer(
+            data.get("generated_text"),
             tokens_in,
-            int(details.get("generated_tokens") or 0),
+            details.get("generated_tokens", 0),
             details.get("finish_reason"),
+            _FIELDS,
         )
+
+
+_FIELDS = ("generated_text", "x-prompt-tokens", "details.generated_tokens",
+           "details.finish_reason")
 
 
 def _grammar(req: GenerationRequest) -> dict | None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -13,6 +12,13 @@ import pyarrow.parquet as pq
 
 from simpipe.games.beauty_contest import equilibrium
 from simpipe.games.config import GameConfig
+from simpipe.integrity import (
+    RESUME_REPAIRS,
+    CorruptFile,
+    check_part,
+    expected_bounds,
+    round_problems,
+)
 from simpipe.layout import RunPaths
 from simpipe.results import read_ledger, read_rounds, read_summary
 
@@ -73,8 +79,8 @@ def load_run(run_dir: str | Path, label: str | None = None) -> RunData:
         raise ReportInputError(f"{run_dir}: not a simpipe run directory ({EXPECTED})")
     try:
         ledger = read_ledger(path)
-    except json.JSONDecodeError as exc:
-        raise ReportInputError(f"{paths.ledger}: not valid JSON ({exc.msg})") from exc
+    except CorruptFile as exc:
+        raise ReportInputError(f"{exc}; restore it from a copy") from None
     if not paths.summary.is_file() or not paths.rounds.is_dir():
         raise ReportInputError(f"{run_dir}: no completed round yet ({EXPECTED})")
     try:
@@ -82,8 +88,12 @@ def load_run(run_dir: str | Path, label: str | None = None) -> RunData:
     except (KeyError, TypeError, ValueError) as exc:
         raise ReportInputError(f"{paths.ledger}: no usable config.game ({exc})") from exc
 
-    summary = read_summary(path)
-    done = sorted(int(r) for r in summary["round"].unique())
+    try:
+        summary = read_summary(path)
+        done = sorted(int(r) for r in summary["round"].unique())
+        _check_parts(paths, ledger, done)
+    except CorruptFile as exc:
+        raise ReportInputError(f"{exc}; {RESUME_REPAIRS}") from None
     rounds = read_rounds(path, columns=ROUND_COLUMNS)
     # A round still being written (or interrupted) has part files but no summary rows yet.
     rounds = rounds[rounds["round"].isin(done)].reset_index(drop=True)
@@ -92,6 +102,19 @@ def load_run(run_dir: str | Path, label: str | None = None) -> RunData:
         game=game, equilibrium=equilibrium(game), summary=summary, rounds=rounds,
         population=_read_population(paths.population),
     )
+
+
+def _check_parts(paths: RunPaths, ledger: dict, rounds: list[int]) -> None:
+    """CorruptFile for the first population or round part the report would read that is
+    missing or corrupt (a Parquet error deep inside pandas names no file)."""
+    bounds = expected_bounds(ledger, paths.ledger)
+    if any(paths.population.glob("part-*.parquet")):  # without any: no breakdown, no error
+        for k, agents in enumerate(bounds):
+            check_part(paths.population_part(k), agents)
+    for r in rounds:
+        problems = round_problems(paths, r, bounds, [c for c in ROUND_COLUMNS if c != "round"])
+        if problems:
+            raise problems[0]
 
 
 def load_runs(run_dirs: Sequence[str | Path]) -> list[RunData]:

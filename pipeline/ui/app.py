@@ -33,6 +33,7 @@ from simpipe.ui.security import (
     CSRF,
     NAME_RE,
     REPORT_CSP,
+    OutsideRoot,
     UnsafeName,
     headers_middleware,
     make_auth_middleware,
@@ -68,10 +69,14 @@ def _guarded(handler: Callable) -> Callable:
         try:
             return await handler(request)
         except UnsafeName:
-            return _error(400, "invalid name: letters, digits, '.', '_', '-' only")
+            return _error(400, "invalid name: letters, digits, '.', '_', '-' only, starting "
+                               "with a letter or digit; at most 128 characters (64 for a "
+                               "cluster)")
+        except OutsideRoot as exc:
+            return _error(403, f"refused: {exc}")
         except (runs.RunNotFound, clusters.ClusterNotFound) as exc:
             return _error(404, f"not found: {exc}")
-        except runs.ActionRefused as exc:
+        except (runs.ActionRefused, clusters.ClusterBroken) as exc:
             return _error(409, str(exc))
 
     wrapped.__name__ = handler.__name__
@@ -153,8 +158,8 @@ async def run_events(request: web.Request) -> web.StreamResponse:
 @_guarded
 async def run_report(request: web.Request) -> web.StreamResponse:
     files = _run_files(request)
-    report = files.root / "report" / "report.html"
-    if not report.is_file():
+    report = files.report()  # resolved: a symlink out of the results root is refused (403)
+    if report is None:
         return _error(404, "no report yet: run `simpipe report` on this run")
     return web.FileResponse(report, headers={"Content-Security-Policy": REPORT_CSP,
                                              "Content-Type": "text/html"})

@@ -1,31 +1,64 @@
 """Clusters started with ``simpipe cluster up``: a thin adapter over ``simpipe.cluster``.
 
 The state files and the status/down logic belong to ``simpipe.cluster.lifecycle``; this
-module only lists them, validates names against the state directory and keeps the
-(comparatively slow: squeue, a Dask client, server probes) status calls from piling up.
+module only lists them, validates names (the cluster module's own rule) and state files
+(a broken one is listed with state ``broken`` and the problem, and nothing is done with it)
+and keeps the (comparatively slow: squeue, a Dask client, server probes) status calls from
+piling up.
 """
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from simpipe.cluster import lifecycle, slurm
-from simpipe.cluster.state import StateError, clusters_dir, pid_alive
-from simpipe.ui.security import safe_child
+from simpipe.cluster.state import StateError, check_name, clusters_dir, pid_alive
+from simpipe.integrity import CorruptFile, ProcessId, StrictRecord, read_json_record
+from simpipe.ui.security import OutsideRoot, UnsafeName, contained, http_url, safe_child
 
 STATUS_TTL_S = 3.0
+MAX_STATE_BYTES = 2**20  # a state file lists jobs and servers: kilobytes
 
 
 class ClusterNotFound(LookupError):
     pass
 
 
+class ClusterBroken(RuntimeError):
+    """The cluster's state file cannot be used; nothing is done with it (HTTP 409)."""
+
+
+class _Server(StrictRecord):
+    index: int
+    job_id: str | int
+    url: str | None = None
+    healthy: bool | None = None
+
+
+class _ClusterState(StrictRecord):
+    """What the UI and ``simpipe.cluster.lifecycle`` read from a state file."""
+
+    state: str = "unknown"
+    scheduler: str | None = None
+    dashboard: str | None = None
+    manager_pid: ProcessId | None = None
+    error: str | None = None
+    worker_jobs: list[str | int] = []
+    servers: list[_Server] = []
+    worker_job_name: str | None = None
+    server_job_name: str | None = None
+
+
 def state_file(name: str) -> Path:
-    """The state file of ``name``; UnsafeName for a bad name, ClusterNotFound if absent."""
+    """The state file of ``name``; UnsafeName for a name the cluster module would refuse,
+    ClusterNotFound if absent."""
+    try:
+        check_name(name)
+    except StateError as exc:
+        raise UnsafeName(str(exc)) from None
     path = safe_child(clusters_dir(), name, ".json")
     if not path.is_file():
         raise ClusterNotFound(name)
@@ -33,10 +66,30 @@ def state_file(name: str) -> Path:
 
 
 def _read(path: Path) -> dict[str, Any]:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
+    """The checked state; CorruptFile (or OutsideRoot for a symlink out) otherwise."""
+    inside = contained(clusters_dir(), path, "the cluster state directory")
+    return read_json_record(inside, _ClusterState, MAX_STATE_BYTES)
+
+
+def _problem(path: Path, exc: Exception) -> str:
+    if isinstance(exc, CorruptFile):
+        return f"state file {path.name}: {exc.problem}"
+    return f"state file {exc}"
+
+
+def _row(name: str, state: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "name": name,
+        "state": state.get("state", "unknown"),
+        "scheduler": state.get("scheduler"),
+        "dashboard": state.get("dashboard") or None,
+        "dashboard_url": http_url(state.get("dashboard")),  # the only value put in a link
+        "manager_alive": pid_alive(state.get("manager_pid")),
+        "worker_jobs": state.get("worker_jobs", []),
+        "servers": len(state.get("servers", [])),
+        "error": state.get("error"),
+        "problem": None,
+    }
 
 
 def list_clusters() -> list[dict[str, Any]]:
@@ -47,17 +100,11 @@ def list_clusters() -> list[dict[str, Any]]:
     for path in sorted(root.glob("*.json")):
         if path.name.startswith("."):
             continue
-        state = _read(path)
-        out.append({
-            "name": path.stem,
-            "state": state.get("state", "unknown"),
-            "scheduler": state.get("scheduler"),
-            "dashboard": state.get("dashboard") or None,
-            "manager_alive": pid_alive(state.get("manager_pid")),
-            "worker_jobs": state.get("worker_jobs", []),
-            "servers": len(state.get("servers", [])),
-            "error": state.get("error"),
-        })
+        try:
+            out.append(_row(path.stem, _read(path)))
+        except (CorruptFile, OutsideRoot) as exc:
+            out.append({**_row(path.stem, {}), "state": "broken",
+                        "problem": _problem(path, exc)})
     return out
 
 
@@ -78,13 +125,20 @@ def cluster_status(name: str) -> dict[str, Any]:
         cached = _status_cache.get(name)
         if cached and time.monotonic() - cached[0] < STATUS_TTL_S:
             return cached[1]
-        state = _read(path)
+        try:
+            state = _read(path)
+        except (CorruptFile, OutsideRoot) as exc:
+            # Never handed to lifecycle: it would trust the types (a string pid, a list).
+            return {"name": name, "state": "broken", "workers": [], "servers": [], "jobs": [],
+                    "problem": _problem(path, exc), "dashboard": None, "dashboard_url": None,
+                    "error": None, "worker_jobs": []}
         try:
             report = lifecycle.status(name)
         except (StateError, slurm.SlurmError, OSError) as exc:
             report = {"name": name, "state": state.get("state"), "workers": [], "servers": [],
                       "jobs": [], "problem": str(exc)}
         report["dashboard"] = state.get("dashboard") or None
+        report["dashboard_url"] = http_url(state.get("dashboard"))
         report["error"] = state.get("error")
         report["worker_jobs"] = state.get("worker_jobs", [])
         _status_cache[name] = (time.monotonic(), report)
@@ -93,8 +147,13 @@ def cluster_status(name: str) -> dict[str, Any]:
 
 def cluster_down(name: str) -> dict[str, Any]:
     """Stop the manager and cancel every SLURM job of the cluster (blocking)."""
-    state_file(name)
+    path = state_file(name)
     with _lock(name):
+        try:
+            _read(path)
+        except (CorruptFile, OutsideRoot) as exc:
+            raise ClusterBroken(f"{_problem(path, exc)}; nothing was stopped or cancelled: "
+                                f"fix or remove {path} by hand") from None
         cancelled = lifecycle.down(name)
         _status_cache.pop(name, None)
     return {"name": name, "down": True, "cancelled_jobs": cancelled}

@@ -4,11 +4,14 @@ A run publishes its progress through ``run.json`` alone (the ledger, rewritten a
 the client at most twice a second while a round runs and once per finished round), so the UI
 needs no connection to the run's process or its Dask scheduler and works for runs on any
 host that shares the results directory.
+
+Every file is read through ``simpipe.integrity`` and must resolve under the results root: a
+run whose ``run.json`` is broken is listed with state ``broken`` and the problem, and a
+corrupt round or summary file is named on the run's page; neither costs the other runs.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import shutil
@@ -22,11 +25,18 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import pyarrow.dataset as ds
 
 from simpipe.cluster.state import pid_alive
+from simpipe.integrity import (
+    RESUME_REPAIRS,
+    CorruptFile,
+    expected_bounds,
+    read_ledger,
+    read_part,
+    read_summary,
+)
 from simpipe.layout import RunPaths
-from simpipe.ui.security import safe_child
+from simpipe.ui.security import OutsideRoot, UnsafeName, contained, safe_child
 
 # A "running" ledger that nothing has touched for this long belongs to a process that died
 # (killed, node lost). Only a fallback: a ledger that names its pid and host is checked exactly.
@@ -47,22 +57,34 @@ class ActionRefused(RuntimeError):
 class RunFiles:
     root: Path
     paths: RunPaths
+    results: Path  # the results root, which every file read must resolve under
 
     @classmethod
-    def open(cls, results_root: Path, name: str) -> "RunFiles":
-        """Raises UnsafeName for a name that is not a plain run name, RunNotFound if absent."""
+    def open(cls, results_root: Path, name: str) -> RunFiles:
+        """Raises UnsafeName for a name that is not a plain run name, RunNotFound if absent,
+        OutsideRoot if its run.json is a symlink out of the results root."""
         path = safe_child(results_root, name)
         paths = RunPaths(path)
         if not paths.ledger.is_file():
             raise RunNotFound(name)
-        return cls(path, paths)
+        contained(results_root, paths.ledger)
+        return cls(path, paths, results_root)
+
+    def inside(self, path: Path) -> Path:
+        """``path`` (a file of this run) resolved; OutsideRoot if a symlink leads out."""
+        return contained(self.results, path)
+
+    def report(self) -> Path | None:
+        """The report page, if ``simpipe report`` made one; OutsideRoot if it leads out."""
+        page = self.inside(self.root / "report" / "report.html")
+        return page if page.is_file() else None
 
 
-def read_ledger(paths: RunPaths) -> dict[str, Any] | None:
-    try:
-        return json.loads(paths.ledger.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
+def load_ledger(files: RunFiles) -> dict[str, Any]:
+    """The run's checked run.json; RunNotFound once it is gone, CorruptFile if broken."""
+    if not files.paths.ledger.exists():
+        raise RunNotFound(files.root.name)
+    return read_ledger(files.inside(files.paths.ledger))
 
 
 def version(files: RunFiles) -> tuple:
@@ -146,6 +168,10 @@ def run_row(files: RunFiles, ledger: dict[str, Any]) -> dict[str, Any]:
         created = _parse_time(ledger.get("created_at"))
         wall = time.time() - created if created else wall
     config = ledger.get("config") or {}
+    try:
+        has_report = files.report() is not None
+    except OutsideRoot:
+        has_report = False
     return {
         "name": files.root.name,
         "config_hash": ledger.get("config_hash"),
@@ -162,9 +188,28 @@ def run_row(files: RunFiles, ledger: dict[str, Any]) -> dict[str, Any]:
         "wall_s": round(wall, 1) if wall is not None else None,
         "updated_at": ledger.get("updated_at"),
         "cancel_requested": files.paths.cancel_flag.exists(),
-        "has_report": (files.root / "report" / "report.html").is_file(),
+        "has_report": has_report,
         "progress": ledger.get("progress") if state == "running" else None,
+        "problem": None,
     }
+
+
+def broken_row(name: str, problem: str) -> dict[str, Any]:
+    """The runs-list line of a run whose run.json cannot be used: the same keys, no numbers."""
+    return {
+        "name": name, "config_hash": None, "state": "broken", "ledger_state": None,
+        "state_note": None, "backend": None, "rounds_done": 0, "rounds_total": None,
+        "n_agents": None, "counts": {"ok": 0, "unparsed": 0, "out_of_range": 0, "error": 0},
+        "tokens_in": 0, "tokens_out": 0, "wall_s": None, "updated_at": None,
+        "cancel_requested": False, "has_report": False, "progress": None, "problem": problem,
+    }
+
+
+# What a broken run's page gets besides its list line: the keys of run_detail, empty.
+EMPTY_DETAIL: dict[str, Any] = {
+    "game": {}, "equilibrium": None, "n_partitions": None, "rounds": [], "histogram": None,
+    "endpoints": {}, "timings": {}, "error": None, "scheduler": None, "created_at": None,
+}
 
 
 def _parse_time(text: Any) -> float | None:
@@ -183,11 +228,11 @@ def list_runs(results_root: Path) -> list[dict[str, Any]]:
             continue
         try:
             files = RunFiles.open(results_root, child.name)
-        except (RunNotFound, ValueError):
-            continue
-        ledger = read_ledger(files.paths)
-        if ledger is not None:
-            rows.append(run_row(files, ledger))
+            rows.append(run_row(files, load_ledger(files)))
+        except (RunNotFound, UnsafeName):
+            continue  # not a run, or not a name the UI serves
+        except (CorruptFile, OutsideRoot) as exc:
+            rows.append(broken_row(child.name, _problem(child, exc)))
     # Live runs first, then the newest.
     rows.sort(key=lambda r: (r["state"] != "running", -(_parse_time(r["updated_at"]) or 0)))
     return rows
@@ -203,16 +248,31 @@ def _equilibrium(game: dict[str, Any]) -> float | None:
         return None
 
 
+def _problem(run_dir: Path, exc: Exception) -> str:
+    """One line for the page: the file (relative to the run) and what is wrong with it."""
+    if isinstance(exc, CorruptFile):
+        repair = RESUME_REPAIRS if exc.path.suffix == ".parquet" else "restore it from a copy"
+        return f"{exc.shown_under(run_dir)}; {repair}"
+    return str(exc)
+
+
 def run_detail(files: RunFiles) -> dict[str, Any]:
-    """Everything the live view draws: progress, per-round chart, histogram, endpoints."""
-    ledger = read_ledger(files.paths)
-    if ledger is None:
-        raise RunNotFound(files.root.name)
+    """Everything the live view draws: progress, per-round chart, histogram, endpoints.
+    A broken file is named in ``problem``; what can still be read is shown."""
+    try:
+        ledger = load_ledger(files)
+    except (CorruptFile, OutsideRoot) as exc:
+        return {**broken_row(files.root.name, _problem(files.root, exc)), **EMPTY_DETAIL}
     row = run_row(files, ledger)
     config = ledger.get("config") or {}
     game = config.get("game") or {}
     done = _complete_rounds(ledger)
-    per_round = _summary_by_round(files.paths)
+    problems: list[str] = []
+    try:
+        per_round = _summary_by_round(files) if done else {}
+    except (CorruptFile, OutsideRoot) as exc:
+        per_round = {}
+        problems.append(_problem(files.root, exc))
     chart = []
     for r in sorted(done):
         rec, summ = done[r], per_round.get(r, {})
@@ -227,12 +287,16 @@ def run_detail(files: RunFiles) -> dict[str, Any]:
     histogram = None
     if done:
         last = max(done)
-        histogram = _histogram(files.paths, last, _num(game.get("low")) or 0.0,
-                               _num(game.get("high")) or 100.0)
+        try:
+            histogram = _histogram(files, ledger, last, _num(game.get("low")) or 0.0,
+                                   _num(game.get("high")) or 100.0)
+        except (CorruptFile, OutsideRoot) as exc:
+            problems.append(_problem(files.root, exc))
         if histogram is not None:
             histogram["target"] = per_round.get(last, {}).get("target")
     return {
         **row,
+        "problem": "; ".join(problems) or None,
         "game": {k: game.get(k) for k in ("ratio", "offset", "low", "high", "rounds",
                                           "group_size", "prompt")},
         "equilibrium": _equilibrium(game),
@@ -266,47 +330,61 @@ def _cached(key: tuple, compute):
     return value
 
 
-def _summary_by_round(paths: RunPaths) -> dict[int, dict[str, float | None]]:
+def _summary_by_round(files: RunFiles) -> dict[int, dict[str, float | None]]:
+    path = files.inside(files.paths.summary)
     try:
-        st = paths.summary.stat()
+        st = path.stat()
     except OSError:
         return {}
 
     def compute() -> dict[int, dict[str, float | None]]:
-        summary = pd.read_parquet(paths.summary, columns=["round", "median", "target",
-                                                          "winning_guess"])
+        summary = read_summary(path)[["round", "median", "target", "winning_guess"]]
         # Several groups: averaged over groups, as the report's rounds table does.
         means = summary.groupby("round").mean(numeric_only=True)
         return {int(r): {k: _num(v) for k, v in row.items()} for r, row in means.iterrows()}
 
-    return _cached(("summary", str(paths.summary), st.st_mtime_ns, st.st_size), compute)
+    return _cached(("summary", str(path), st.st_mtime_ns, st.st_size), compute)
 
 
-def _histogram(paths: RunPaths, round_index: int, low: float,
+def _histogram(files: RunFiles, ledger: dict[str, Any], round_index: int, low: float,
                high: float) -> dict[str, Any] | None:
-    round_dir = paths.round_dir(round_index)
-    try:
-        st = round_dir.stat()
-    except OSError:
-        return None
+    """The guesses of a finished round, every part file checked (CorruptFile names one)."""
+    bounds = expected_bounds(ledger, files.paths.ledger)
+    parts = [files.inside(files.paths.round_part(round_index, k)) for k in range(len(bounds))]
+    stamps = []
+    for part in parts:
+        try:
+            st = part.stat()
+            stamps.append((st.st_mtime_ns, st.st_size))
+        except OSError:
+            stamps.append(None)  # missing: read_part names it
 
     def compute() -> dict[str, Any] | None:
-        table = ds.dataset(round_dir, format="parquet").to_table(columns=["guess", "status"])
-        frame = table.to_pandas()
+        frame = pd.concat([read_part(part, agents, ["guess", "status"])
+                           for part, agents in zip(parts, bounds, strict=True)],
+                          ignore_index=True)
         valid = frame.loc[frame["status"] == "ok", "guess"].dropna().to_numpy(np.float64)
         counts, edges = np.histogram(valid, bins=HIST_BINS, range=(low, high))
         return {"round": round_index, "edges": [float(e) for e in edges],
                 "counts": [int(c) for c in counts], "n_valid": int(valid.size),
                 "n": int(len(frame))}
 
-    return _cached(("hist", str(round_dir), st.st_mtime_ns, low, high), compute)
+    return _cached(("hist", str(files.paths.round_dir(round_index)), tuple(stamps), low, high),
+                   compute)
 
 
 # --- actions ----------------------------------------------------------------------------------
 
+def _ledger_for_action(files: RunFiles) -> dict[str, Any]:
+    try:
+        return load_ledger(files)
+    except (CorruptFile, OutsideRoot) as exc:
+        raise ActionRefused(f"{_problem(files.root, exc)}; nothing was changed") from None
+
+
 def cancel_run(files: RunFiles) -> dict[str, Any]:
     """Ask the run to stop at its next clean point; it stays resumable."""
-    ledger = read_ledger(files.paths) or {}
+    ledger = _ledger_for_action(files)
     state, _ = effective_state(files.paths, ledger)
     if state not in ("running", "created"):
         raise ActionRefused(f"run {files.root.name} is {state}, not running")
@@ -318,7 +396,7 @@ def delete_run(files: RunFiles, confirm: str | None) -> dict[str, Any]:
     """Remove a run directory that no process writes to any more."""
     if confirm != files.root.name:
         raise ActionRefused("type the run's name to confirm deleting it")
-    ledger = read_ledger(files.paths) or {}
+    ledger = _ledger_for_action(files)
     state, _ = effective_state(files.paths, ledger)
     if state not in DELETABLE:
         raise ActionRefused(f"run {files.root.name} is {state}; only finished, failed or "

@@ -11,7 +11,10 @@ The model (README "Web UI"):
   back as ``X-CSRF-Token``); a cross-site form cannot set that header, and a cross-origin
   ``Origin`` is refused outright.
 - A run or cluster name is one strict path segment (letters, digits, ``.``, ``_``, ``-``,
-  starting with a letter or digit) and the resolved path must sit directly under its root.
+  starting with a letter or digit) and the resolved path must sit directly under its root;
+  a file read or served inside it (``run.json``, the report) must resolve under the results
+  root too, so a symlink cannot lead out of it.
+- A URL from a state file becomes a link only if it is ``http``/``https``.
 """
 
 from __future__ import annotations
@@ -42,6 +45,10 @@ class UnsafeName(ValueError):
     """A name from a URL that is not one plain path segment under its root."""
 
 
+class OutsideRoot(ValueError):
+    """A path under the results root that resolves (through a symlink) outside it."""
+
+
 def is_loopback(host: str) -> bool:
     if host in LOOPBACK_NAMES:
         return True
@@ -66,6 +73,30 @@ def safe_child(root: Path, name: str, suffix: str = "") -> Path:
     return path
 
 
+def contained(root: Path, path: Path, root_name: str = "the results root") -> Path:
+    """``path`` resolved, if it stays under ``root`` after following every symlink."""
+    base = root.resolve()
+    try:
+        resolved = path.resolve()
+    except (OSError, RuntimeError):  # a symlink loop (RuntimeError before Python 3.13)
+        raise OutsideRoot(f"{path.name} cannot be resolved (a symlink loop)") from None
+    if not resolved.is_relative_to(base):
+        shown = path.relative_to(base) if path.is_relative_to(base) else path.name
+        raise OutsideRoot(f"{shown} leads outside {root_name}")
+    return resolved
+
+
+def http_url(text: object) -> str | None:
+    """``text`` if it is an absolute http(s) URL (safe in an ``href``), else None."""
+    if not isinstance(text, str):
+        return None
+    try:
+        parts = urlsplit(text.strip())
+    except ValueError:
+        return None
+    return text.strip() if parts.scheme in ("http", "https") and parts.netloc else None
+
+
 def new_secret() -> str:
     return secrets.token_urlsafe(32)
 
@@ -75,9 +106,9 @@ def _same(a: str | None, b: str) -> bool:
 
 
 def _request_token(request: web.Request) -> str | None:
-    auth = request.headers.get("Authorization", "")
-    if auth.startswith("Bearer "):
-        return auth[7:].strip()
+    scheme, _, credentials = request.headers.get("Authorization", "").strip().partition(" ")
+    if scheme.lower() == "bearer":  # auth schemes are case-insensitive (RFC 7235)
+        return credentials.strip()
     return request.headers.get(TOKEN_HEADER) or request.cookies.get(TOKEN_COOKIE)
 
 
@@ -117,7 +148,10 @@ def check_csrf(request: web.Request) -> None:
         raise web.HTTPForbidden(text="missing or wrong CSRF token\n")
     origin = request.headers.get("Origin")
     if origin and origin != "null":
-        if urlsplit(origin).netloc != request.host:
+        # An origin is scheme + host + port: https://h:p is another origin than http://h:p.
+        parts = urlsplit(origin)
+        if (parts.scheme.lower(), parts.netloc.lower()) != (request.scheme,
+                                                            (request.host or "").lower()):
             raise web.HTTPForbidden(text="cross-origin request refused\n")
     if request.headers.get("Sec-Fetch-Site") not in (None, "same-origin", "none"):
         raise web.HTTPForbidden(text="cross-site request refused\n")

@@ -309,23 +309,29 @@ def test_stub_follows_the_tgi_contract():
     assert top_p == (422, {"error": "`top_p` must be > 0.0 and < 1.0", "error_type": "validation"})
 
 
+class _BuggyInfoStub(StubServer):
+    def _info(self):
+        raise RuntimeError("a bug in a handler")
+
+
 def test_stub_answers_unknown_routes_and_its_own_bugs_without_hanging():
     async def go():
-        async with StubServer() as stub, aiohttp.ClientSession() as s:
+        async with _BuggyInfoStub() as stub, aiohttp.ClientSession() as s:
             async with s.get(stub.url + "/nowhere") as r:
                 missing = r.status
             async with s.get(stub.url + "/generate") as r:
                 wrong_method = r.status
-            # A top_p the validation does not type-check makes the handler raise.
             bad = {"inputs": "x", "parameters": {"max_new_tokens": 2, "top_p": "high"}}
             async with s.post(stub.url + "/generate", json=bad) as r:
+                mistyped = (r.status, (await r.json())["error_type"])
+            async with s.get(stub.url + "/info") as r:
                 crashed = (r.status, (await r.json())["error_type"])
             good = {"inputs": "x", "parameters": {"max_new_tokens": 2}}
             async with s.post(stub.url + "/generate", json=good) as r:
                 after = r.status
-            return missing, wrong_method, crashed, after
+            return missing, wrong_method, mistyped, crashed, after
 
-    assert asyncio.run(go()) == (404, 405, (500, "server"), 200)
+    assert asyncio.run(go()) == (404, 405, (422, "validation"), (500, "server"), 200)
 
 
 def test_a_worker_prefers_the_server_on_its_own_node_and_falls_back():

@@ -292,3 +292,179 @@ def test_simpipe_ui_command_serves_the_page(results):
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+# --- broken files never cost the other runs (README "Web UI", docs/security.md) -------------
+
+def _copy_run(results: Path, name: str) -> Path:
+    shutil.copytree(results / "done", results / name)
+    return results / name
+
+
+@pytest.mark.parametrize("text, problem", [
+    ("[1, 2]", "run.json: a JSON array, expected an object"),
+    ('{"state": "finished", "rounds": {"0": {"complete": true, "n_valid": "many"}}}',
+     "run.json: rounds.0.n_valid: input should be a valid integer (found 'many')"),
+    ('{"state": "finished", "rounds_total": 3, ', "run.json: not valid JSON"),
+])
+def test_a_broken_run_json_is_listed_as_broken_and_the_others_still_list(server, results,
+                                                                          text, problem):
+    run = _copy_run(results, "broken-ledger")
+    (run / "run.json").write_text(text)
+    try:
+        status, data = get_json(server, "/api/runs")
+        assert status == 200
+        rows = {r["name"]: r for r in data["runs"]}
+        assert rows["done"]["state"] == "finished" and rows["done"]["problem"] is None
+        assert rows["broken-ledger"]["state"] == "broken"
+        assert rows["broken-ledger"]["problem"].startswith(problem)
+        status, detail = get_json(server, "/api/runs/broken-ledger")
+        assert status == 200 and detail["state"] == "broken"
+        assert detail["problem"].startswith(problem)
+        # Actions on it change nothing and say why.
+        token = csrf_of(server)
+        status, _, body = raw_request(server.port, "POST", "/api/runs/broken-ledger/delete",
+                                      {"X-CSRF-Token": token}, b'{"confirm": "broken-ledger"}')
+        assert status == 409 and problem.encode() in body and run.exists()
+    finally:
+        shutil.rmtree(run)
+
+
+@pytest.mark.parametrize("damaged, problem", [
+    ("rounds/round=2/part-00001.parquet", "not a readable Parquet file"),
+    ("summary.parquet", "not a readable Parquet file"),
+])
+def test_a_truncated_results_file_is_named_on_the_run_page(server, results, damaged, problem):
+    run = _copy_run(results, "truncated")
+    os.truncate(run / damaged, 100)
+    try:
+        status, detail = get_json(server, "/api/runs/truncated")
+        assert status == 200 and detail["state"] == "finished"
+        assert detail["problem"].startswith(f"{damaged}: {problem}")
+        assert "--resume" in detail["problem"]
+        assert len(detail["rounds"]) == 3  # what can still be read is shown
+    finally:
+        shutil.rmtree(run)
+
+
+def test_report_symlink_out_of_the_results_root_is_refused(server, results, tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "report").mkdir(parents=True)
+    (elsewhere / "report" / "report.html").write_text("<h1>secret</h1>")
+    run = _copy_run(results, "report-link")
+    (run / "report").symlink_to(elsewhere / "report", target_is_directory=True)
+    try:
+        status, _, body = raw_request(server.port, "GET", "/runs/report-link/report")
+        assert status == 403 and b"secret" not in body
+        assert b"report-link/report/report.html leads outside the results root" in body
+        rows = {r["name"]: r for r in get_json(server, "/api/runs")[1]["runs"]}
+        assert rows["report-link"]["has_report"] is False
+    finally:
+        shutil.rmtree(run)
+
+
+def test_run_json_symlink_out_of_the_results_root_is_refused(server, results, tmp_path):
+    secret = tmp_path / "secret.json"
+    secret.write_text(json.dumps({"state": "finished", "name": "s3cret-name"}))
+    (results / "json-link").mkdir()
+    (results / "json-link" / "run.json").symlink_to(secret)
+    try:
+        status, _, body = raw_request(server.port, "GET", "/api/runs/json-link")
+        assert status == 403 and b"s3cret-name" not in body
+        assert b"json-link/run.json leads outside the results root" in body
+        status, _, body = raw_request(server.port, "GET", "/api/runs")
+        assert status == 200 and b"s3cret-name" not in body
+        rows = {r["name"]: r for r in json.loads(body)["runs"]}
+        assert rows["json-link"]["state"] == "broken"
+    finally:
+        shutil.rmtree(results / "json-link")
+
+
+@pytest.fixture
+def cluster_home(tmp_path, monkeypatch) -> Path:
+    """An empty cluster state directory for the server (it runs in this process)."""
+    monkeypatch.setenv("SIMPIPE_HOME", str(tmp_path / "home"))
+    folder = tmp_path / "home" / "clusters"
+    folder.mkdir(parents=True)
+    return folder
+
+
+@pytest.mark.parametrize("text, problem", [
+    ('{"state": "ready", "manager_pid": "4242"}',
+     "manager_pid: input should be a valid integer (found '4242')"),
+    ("[1, 2]", "a JSON array, expected an object"),
+    # os.kill(-1, SIGTERM) would signal every process of the user.
+    ('{"state": "ready", "manager_pid": -1}', "manager_pid: input should be greater than"),
+    ('{"state": "ready", "servers": [{"url": "http://x:1"}]}', "servers.0.index: field required"),
+])
+def test_a_broken_cluster_state_file_is_listed_as_broken(server, cluster_home, text, problem):
+    (cluster_home / "bad.json").write_text(text)
+    (cluster_home / "good.json").write_text(json.dumps({"state": "failed", "error": "boom"}))
+    status, data = get_json(server, "/api/clusters")
+    assert status == 200
+    rows = {c["name"]: c for c in data["clusters"]}
+    assert rows["good"]["state"] == "failed" and rows["good"]["problem"] is None
+    assert rows["bad"]["state"] == "broken"
+    assert rows["bad"]["problem"].startswith(f"state file bad.json: {problem}")
+    status, detail = get_json(server, "/api/clusters/bad")
+    assert status == 200 and detail["state"] == "broken" and problem in detail["problem"]
+    status, _, body = raw_request(server.port, "POST", "/api/clusters/bad/down",
+                                  {"X-CSRF-Token": csrf_of(server)}, b"{}")
+    assert status == 409 and b"nothing was stopped" in body
+    assert (cluster_home / "bad.json").exists()
+
+
+def test_a_cluster_state_symlink_out_of_its_directory_is_never_read(server, cluster_home,
+                                                                     tmp_path):
+    outside = tmp_path / "outside.json"
+    outside.write_text(json.dumps({"state": "ready", "scheduler": "tcp://s3cret:8786"}))
+    (cluster_home / "link.json").symlink_to(outside)
+    status, _, body = raw_request(server.port, "GET", "/api/clusters")
+    assert status == 200 and b"s3cret" not in body
+    [row] = json.loads(body)["clusters"]
+    assert row["state"] == "broken"
+    assert row["problem"] == "state file link.json leads outside the cluster state directory"
+
+
+def test_only_http_dashboard_urls_become_links(server, cluster_home):
+    for name, url in (("js", "javascript:alert(document.cookie)"),
+                      ("data", "data:text/html,<script>alert(1)</script>"),
+                      ("web", "http://127.0.0.1:8787/status")):
+        (cluster_home / f"{name}.json").write_text(json.dumps({"state": "ready",
+                                                               "dashboard": url}))
+    rows = {c["name"]: c for c in get_json(server, "/api/clusters")[1]["clusters"]}
+    assert rows["js"]["dashboard"] == "javascript:alert(document.cookie)"
+    assert rows["js"]["dashboard_url"] is None and rows["data"]["dashboard_url"] is None
+    assert rows["web"]["dashboard_url"] == "http://127.0.0.1:8787/status"
+
+
+def test_cluster_names_follow_the_cluster_modules_rule(server, cluster_home):
+    long_name = "c" * 100  # a valid run name, too long for a cluster (64)
+    (cluster_home / f"{long_name}.json").write_text("{}")
+    token = csrf_of(server)
+    assert raw_request(server.port, "GET", f"/api/clusters/{long_name}")[0] == 400
+    status, _, body = raw_request(server.port, "POST", f"/api/clusters/{long_name}/down",
+                                  {"X-CSRF-Token": token}, b"{}")
+    assert status == 400 and b"64 for a cluster" in body
+
+
+def test_an_origin_with_another_scheme_is_cross_origin(server):
+    token = csrf_of(server)
+    for origin in (f"https://127.0.0.1:{server.port}", f"ftp://127.0.0.1:{server.port}"):
+        status, _, body = raw_request(server.port, "POST", "/api/runs/done/cancel",
+                                      {"X-CSRF-Token": token, "Origin": origin}, b"{}")
+        assert status == 403 and b"cross-origin" in body, origin
+    # The page's own origin passes the check (and the finished run cannot be cancelled).
+    assert raw_request(server.port, "POST", "/api/runs/done/cancel",
+                       {"X-CSRF-Token": token, "Origin": server.url}, b"{}")[0] == 409
+
+
+def test_the_bearer_scheme_is_case_insensitive(results):
+    with ServerThread(results, token="s3cret-token", loopback_only=False) as srv:
+        for scheme in ("Bearer", "bearer", "BEARER", "bEaReR"):
+            headers = {"Authorization": f"{scheme} s3cret-token"}
+            assert raw_request(srv.port, "GET", "/api/runs", headers)[0] == 200, scheme
+        assert raw_request(srv.port, "GET", "/api/runs",
+                           {"Authorization": "bearer wrong"})[0] == 401
+        assert raw_request(srv.port, "GET", "/api/runs",
+                           {"Authorization": "Basic s3cret-token"})[0] == 401

@@ -245,6 +245,54 @@ def test_actions_view_deletes_a_run_after_confirmation(server, results, page):
     page.wait_for_selector("#clusters > *")
 
 
+def test_broken_files_are_named_on_the_page(server, results, page):
+    """A run.json that is a JSON array and a truncated round file: the page names them,
+    the other runs still list, and nothing throws."""
+    (results / "broken-ledger").mkdir()
+    (results / "broken-ledger" / "run.json").write_text("[1, 2]")
+    shutil.copytree(results / "finished-run", results / "truncated")
+    os.truncate(results / "truncated" / "rounds" / "round=3" / "part-00000.parquet", 100)
+    try:
+        page.goto(f"{server.url}/#/runs")
+        page.wait_for_selector('tr[data-run="broken-ledger"][data-state="broken"]')
+        assert page.get_attribute('tr[data-run="finished-run"]', "data-state") == "finished"
+        assert "run.json: a JSON array, expected an object" in page.inner_text(
+            'tr[data-run="broken-ledger"] [data-col="problem"]')
+        page.click('a[href="#/runs/broken-ledger"]')
+        page.wait_for_selector('#run-view[data-state="broken"] #run-problem')
+        page.goto(f"{server.url}/#/runs/truncated")
+        page.wait_for_selector("#run-problem")
+        assert page.inner_text("#run-problem").startswith(
+            "rounds/round=3/part-00000.parquet: not a readable Parquet file")
+        assert page.locator("#chart-rounds circle").count() == 12  # the rest still drawn
+        shot(page, "run-broken-file")
+    finally:
+        shutil.rmtree(results / "broken-ledger")
+        shutil.rmtree(results / "truncated")
+
+
+def test_a_dashboard_url_becomes_a_link_only_when_it_is_http(server, page, tmp_path,
+                                                            monkeypatch):
+    monkeypatch.setenv("SIMPIPE_HOME", str(tmp_path / "home"))
+    folder = tmp_path / "home" / "clusters"
+    folder.mkdir(parents=True)
+    for name, url in (("evil", "javascript:alert(document.cookie)"),
+                      ("web", "http://127.0.0.1:8787/status")):
+        (folder / f"{name}.json").write_text(json.dumps({"state": "ready", "dashboard": url}))
+    (folder / "bad.json").write_text('{"state": "ready", "manager_pid": "4242"}')
+    page.goto(f"{server.url}/#/clusters")
+    link = '[data-cluster="web"] dd[data-col="dashboard"] a'
+    page.wait_for_selector(link)
+    assert page.get_attribute(link, "href") == "http://127.0.0.1:8787/status"
+    evil = page.locator('[data-cluster="evil"] dd[data-col="dashboard"]')
+    assert evil.inner_text() == "javascript:alert(document.cookie)"
+    assert evil.locator("a").count() == 0
+    assert page.locator('a[href^="javascript:"]').count() == 0
+    assert "manager_pid: input should be a valid integer" in page.inner_text(
+        '[data-cluster="bad"]')
+    assert page.get_attribute('[data-cluster="bad"] .badge', "class") == "badge broken"
+
+
 def _squeue(prefix: str) -> list[str]:
     out = subprocess.run(["squeue", "-h", "-o", "%i %j"], capture_output=True, text=True,
                          check=False).stdout

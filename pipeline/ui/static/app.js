@@ -48,6 +48,15 @@ const fmt = {
 
 function badge(state) { return h("span", { className: `badge ${state}` }, state); }
 
+// A URL from a state file goes into an href only if it is http(s): never javascript: or data:.
+function httpUrl(text) {
+  if (typeof text !== "string") return null;
+  try {
+    const url = new URL(text);
+    return url.protocol === "http:" || url.protocol === "https:" ? url.href : null;
+  } catch (e) { return null; }
+}
+
 function toast(message, isError) {
   const box = h("div", { className: isError ? "err" : "" }, message);
   document.getElementById("toast").append(box);
@@ -133,9 +142,10 @@ function runsTable(rows) {
     (t, i) => h("th", { className: i >= 3 && i <= 11 ? "num" : "" }, t)));
   const body = rows.map((r) => h("tr", { "data-run": r.name, "data-state": r.state },
     h("td", {}, h("a", { href: `#/runs/${encodeURIComponent(r.name)}` }, r.name)),
-    h("td", {}, badge(r.state), r.cancel_requested && r.state === "running" ? h("span", { className: "muted" }, " cancelling") : null),
+    h("td", {}, badge(r.state), r.cancel_requested && r.state === "running" ? h("span", { className: "muted" }, " cancelling") : null,
+      r.problem ? h("div", { className: "note problem", "data-col": "problem" }, r.problem) : null),
     h("td", { className: "muted", title: r.config_hash || "" }, (r.config_hash || "").slice(0, 10)),
-    h("td", { className: "num", "data-col": "rounds" }, `${r.rounds_done}/${r.rounds_total}`),
+    h("td", { className: "num", "data-col": "rounds" }, `${r.rounds_done}/${r.rounds_total ?? "–"}`),
     h("td", { className: "num", "data-col": "agents" }, fmt.int(r.n_agents)),
     h("td", { className: "num", "data-col": "ok" }, fmt.int(r.counts.ok)),
     h("td", { className: "num", "data-col": "unparsed" }, fmt.int(r.counts.unparsed)),
@@ -197,7 +207,7 @@ function lineChart(run) {
 
 function histogram(run) {
   const hist = run.histogram;
-  if (!hist) return h("p", { className: "muted" }, "No round finished yet.");
+  if (!hist) return h("p", { className: "muted" }, run.problem && run.rounds.length ? "Not available: see the problem above." : "No round finished yet.");
   const W = 620, H = 240, L = 44, R = 12, T = 12, B = 34;
   const lo = hist.edges[0], hi = hist.edges[hist.edges.length - 1];
   const max = Math.max(1, ...hist.counts);
@@ -274,6 +284,15 @@ function endpointsTable(run) {
 }
 
 function renderRun(box, run) {
+  // Machine-readable marks for tests and scripts: what the page shows right now.
+  box.dataset.state = run.state;
+  box.dataset.roundsDone = String(run.rounds_done);
+  box.dataset.partitionsDone = run.progress ? `${run.progress.round}:${run.progress.partitions_done}` : "";
+  if (run.state === "broken") {  // its run.json cannot be read: say why, show nothing else
+    box.replaceChildren(h("h2", {}, `Run ${run.name} `, badge(run.state)),
+      h("p", { className: "note problem", id: "run-problem" }, run.problem));
+    return;
+  }
   const g = run.game || {};
   const buttons = h("div", { className: "actions" });
   if (run.state === "running" && !run.cancel_requested) {
@@ -287,6 +306,7 @@ function renderRun(box, run) {
     h("h2", {}, `Run ${run.name} `, badge(run.state), run.cancel_requested && run.state === "running" ? h("span", { className: "muted" }, " cancel requested") : null),
     run.state_note ? h("p", { className: "note" }, `The ledger says ${run.ledger_state}, but ${run.state_note}: shown as ${run.state}; simpipe run CONFIG --resume continues it.`) : null,
     run.error ? h("p", { className: "note" }, `error: ${run.error}`) : null,
+    run.problem ? h("p", { className: "note problem", id: "run-problem" }, run.problem) : null,
     buttons,
     h("div", { className: "card" }, h("dl", { className: "kv" },
       h("dt", {}, "game"), h("dd", {}, `target = ${g.offset} + ${g.ratio} × mean, guesses in [${g.low}, ${g.high}], ${g.rounds} rounds, prompt ${g.prompt}, equilibrium ${fmt.num(run.equilibrium)}`),
@@ -303,10 +323,6 @@ function renderRun(box, run) {
       h("div", { className: "card" }, h("h3", {}, "Guesses in the latest round"), histogram(run))),
     h("h3", {}, "Rounds"), run.rounds.length ? roundsTable(run) : h("p", { className: "muted" }, "No round finished yet."),
     h("h3", {}, "Endpoints"), endpointsTable(run)].filter(Boolean));
-  // Machine-readable marks for tests and scripts: what the page shows right now.
-  box.dataset.state = run.state;
-  box.dataset.roundsDone = String(run.rounds_done);
-  box.dataset.partitionsDone = run.progress ? `${run.progress.round}:${run.progress.partitions_done}` : "";
 }
 
 function showRun(name) {
@@ -323,15 +339,17 @@ function showRun(name) {
 
 function clusterCard(c, st) {
   const card = h("div", { className: "card", "data-cluster": c.name });
+  const dashboard = httpUrl(c.dashboard_url);
   card.append(h("h3", {}, `Cluster ${c.name} `, badge(c.state), " ",
     h("button", { className: "danger", "data-action": "down", onclick: () => clusterDown(c.name) }, "Bring down")));
   card.append(h("dl", { className: "kv" },
     h("dt", {}, "scheduler"), h("dd", {}, c.scheduler || "–"),
-    h("dt", {}, "dashboard"), h("dd", {}, c.dashboard ? h("a", { href: c.dashboard, target: "_blank", rel: "noopener" }, c.dashboard) : "–"),
+    h("dt", {}, "dashboard"), h("dd", { "data-col": "dashboard" }, dashboard ? h("a", { href: dashboard, target: "_blank", rel: "noopener" }, c.dashboard) : (c.dashboard || "–")),
     h("dt", {}, "manager"), h("dd", {}, c.manager_alive ? "alive" : "not running"),
-    c.error ? h("dt", {}, "error") : null, c.error ? h("dd", { className: "note" }, c.error) : null));
+    c.error ? h("dt", {}, "error") : null, c.error ? h("dd", { className: "note" }, c.error) : null,
+    c.problem ? h("dt", {}, "problem") : null, c.problem ? h("dd", { className: "note problem" }, c.problem) : null));
   if (!st) { card.append(h("p", { className: "muted" }, "asking SLURM and the scheduler…")); return card; }
-  if (st.problem) card.append(h("p", { className: "note" }, st.problem));
+  if (st.problem && st.problem !== c.problem) card.append(h("p", { className: "note" }, st.problem));
   card.append(h("h3", {}, "Workers"), st.workers.length ? h("table", {}, h("thead", {}, h("tr", {}, ["address", "host", "memory", "limit", "tasks"].map((t) => h("th", {}, t)))),
     h("tbody", {}, st.workers.map((w) => h("tr", {}, h("td", {}, w.address), h("td", {}, w.host), h("td", {}, fmt.bytes(w.memory)), h("td", {}, fmt.bytes(w.memory_limit)), h("td", {}, w.tasks)))))
     : h("p", { className: "muted" }, "no workers connected"));
