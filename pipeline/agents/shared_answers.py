@@ -135,13 +135,10 @@ class SharedAnswers:
         language = IntegerAnswers(*bounds)
         backend = self.backend
         vocab = backend.answer_vocab(language.alphabet)  # type: ignore[attr-defined]
-
-        def probe(path: tuple[int, ...], top_n: int):  # noqa: ANN202 - see Probe
-            return backend.next_token_logprobs(prompt, path, top_n)  # type: ignore[attr-defined]
-
         try:
-            dist = answer_distribution(probe, language, vocab, settings, max_tokens,
-                                       max_unseen=max_unseen)
+            with backend.logprob_session(prompt) as probe:  # type: ignore[attr-defined]
+                dist = answer_distribution(probe, language, vocab, settings, max_tokens,
+                                           max_unseen=max_unseen)
         except TooMuchUnseen as exc:
             c = exc.cost
             return Lookup(None, True, c.calls, c.tokens_in, c.tokens_out, str(exc))

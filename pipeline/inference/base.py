@@ -95,7 +95,7 @@ class Backend(abc.ABC):
     prompt_style: Literal["completion", "chat"] = "completion"
 
     #: Whether it can return raw next-token log-probabilities for a prompt followed by
-    #: token ids, with the vocabulary facts to interpret them (``next_token_logprobs``,
+    #: token ids, with the vocabulary facts to interpret them (``logprob_session``,
     #: ``answer_vocab``): what sharing one answer distribution per distinct prompt needs.
     #: Why the others cannot is in the README ("Shared answers").
     supports_answer_distributions: bool = False

@@ -34,12 +34,15 @@ from simpipe.inference.base import (
     GenerationRequest,
     GenerationResult,
 )
-from simpipe.inference.answer_distribution import ProbeError
+from simpipe.inference.answer_distribution import Probe, ProbeError
 from simpipe.inference.gguf_vocab import AnswerVocab, answer_vocab
 from simpipe.inference.llamacpp_sampler import TopLogprobs
 from simpipe.inference.settings import LlamaCppSettings
 
 ENDPOINT = "llamacpp"
+# The slot lone (exclusive) calls use: with the prompt cache, a call may reuse only what
+# the same batch or session left there (see _serial_calls and logprob_session).
+LONE_SLOT = 0
 _CONFIG_KEY = "agents.llamacpp.model_path"
 _CTX_PER_SLOT = 512  # n_ctx = 0 means this many tokens per slot
 
@@ -145,6 +148,11 @@ def build_params(
     # min_p 0.05): off, so that a client's temperature and top_p mean what they say.
     params.sampling.top_k = 0
     params.sampling.min_p = 0.0
+    # No host-memory prompt cache: a request could otherwise resume from a state that some
+    # other request computed (so reproducible calls would not be), and with it on, every
+    # task start copies each idle slot into that cache.
+    params.cache_ram_mib = 0
+    params.cache_idle_slots = False
     return params
 
 
@@ -301,15 +309,16 @@ class EngineLock:
 class LlamaCppBackend(Backend):
     """One llama.cpp model per worker process, answering whole partitions at once.
 
-    ``serial``: one request at a time (each a lone sequence), so that the same request and
-    seed always give the same text; see ``EngineLock``.
+    ``serial``: a batch's requests one at a time (each a lone sequence), so that the same
+    batch gives the same texts on every run; see ``_serial_calls``.
     """
 
     supports_answer_distributions = True
 
     def __init__(self, settings: LlamaCppSettings, *, serial: bool = False) -> None:
         self.settings = settings
-        self.serial = serial
+        # One slot is serial anyway; say so, so that it is also reproducible.
+        self.serial = serial or settings.n_parallel == 1
         self._lock = EngineLock()
         self.prompt_style = settings.prompt_style
         self.model_path = resolve_model_path(settings)
@@ -326,9 +335,6 @@ class LlamaCppBackend(Backend):
             max_workers=settings.n_parallel, thread_name_prefix="llamacpp"
         )
         self._counters = EndpointCounters()
-        # A cached prefix decodes bit-identically to a fresh one when sequences run alone
-        # (measured), so the prompt cache is always on.
-        self._cache_prompt = True
 
     @property
     def listening_address(self) -> str:
@@ -336,57 +342,105 @@ class LlamaCppBackend(Backend):
         return self._server.listening_address
 
     def _call(self, is_chat: bool, body: dict) -> GenerationResult:
+        """One request; the caller holds the engine lock (shared or exclusive)."""
         server = self._server
         if server is None:
             return _error("the llama.cpp back-end is closed", 0.0)
-        with self._lock.exclusive() if self.serial else self._lock.shared():
-            start = time.perf_counter()
-            try:
-                if is_chat:
-                    response = server.handle_chat_completions(body)
-                else:
-                    response = server.handle_completions(body)
-            except _CALL_ERRORS as exc:
-                return _error(f"xllamacpp: {type(exc).__name__}: {exc}",
-                              time.perf_counter() - start)
-            return _to_result(response, is_chat, time.perf_counter() - start)
+        start = time.perf_counter()
+        try:
+            if is_chat:
+                response = server.handle_chat_completions(body)
+            else:
+                response = server.handle_completions(body)
+        except _CALL_ERRORS as exc:
+            return _error(f"xllamacpp: {type(exc).__name__}: {exc}",
+                          time.perf_counter() - start)
+        return _to_result(response, is_chat, time.perf_counter() - start)
+
+    def _batched_call(self, is_chat: bool, body: dict) -> GenerationResult:
+        with self._lock.shared():
+            return self._call(is_chat, body)
+
+    def _serial_calls(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
+        """Every request alone and in order, the first with its prompt decoded afresh.
+
+        A batch's numbers then depend only on its own requests, never on what ran before or
+        beside it: reusing a cached prefix changes how the rest of a prompt is batched and
+        the last bits of the result (measured: same seed, other text), so all run in one
+        slot, the first prompt starts clean and the later ones reuse only what this batch
+        itself left there.
+        """
+        with self._lock.exclusive():
+            results = []
+            for i, req in enumerate(requests):
+                is_chat, body = request_body(req, cache_prompt=i > 0)
+                body["id_slot"] = LONE_SLOT
+                results.append(self._call(is_chat, body))
+            return results
 
     def answer_vocab(self, alphabet: frozenset[str]) -> AnswerVocab:
         """End-of-generation ids and the tokens spelling ``alphabet``, from the GGUF file."""
         return answer_vocab(str(self.model_path), alphabet)
 
-    def next_token_logprobs(self, prompt: str, path: Sequence[int],
-                            top_n: int) -> tuple[TopLogprobs, int, int]:
-        """The raw top-``top_n`` next-token log-probabilities after ``prompt`` followed by the
-        token ids ``path``, with the prompt tokens evaluated and the tokens generated.
+    @contextlib.contextmanager
+    def logprob_session(self, prompt: str) -> Iterator[Probe]:
+        """Exclusive use of the engine to ask for next-token log-probabilities after
+        ``prompt`` followed by token ids; yields ``probe(path, top_n)`` (see ``Probe``).
 
-        One lone sequence (``EngineLock.exclusive``): bit-identical on every run. The
-        prompt is sent as text then ids, so it tokenizes exactly as a sampled call's prompt
-        does and the path is the tokens a sampled call would have generated. Raises
-        ProbeError.
+        The whole session is one lone sequence (``EngineLock.exclusive``) in one slot: the
+        first call decodes the prompt afresh and the later ones reuse only what the session
+        itself left there, so a fixed sequence of calls gives bit-identical answers on every
+        run, whatever ran before.
+        The prompt goes as text then ids: it tokenizes exactly as a sampled call's prompt
+        does, and the ids are the tokens a sampled call would have generated. A probe
+        raises ProbeError.
         """
-        server = self._server
-        if server is None:
+        if self._server is None:
             raise ProbeError("the llama.cpp back-end is closed")
-        body = {"prompt": [prompt, *path] if path else prompt, "max_tokens": 1,
-                "n_probs": top_n, "temperature": 1.0, "top_k": 1, "seed": 0,
-                "cache_prompt": True}
-        with self._lock.exclusive():
+        fresh = True
+
+        def probe(path: tuple[int, ...], top_n: int) -> tuple[TopLogprobs, int, int]:
+            nonlocal fresh
+            body = {"prompt": [prompt, *path] if path else prompt, "max_tokens": 1,
+                    "n_probs": top_n, "temperature": 1.0, "top_k": 1, "seed": 0,
+                    "cache_prompt": not fresh, "id_slot": LONE_SLOT}
+            fresh = False
+            server = self._server
+            if server is None:
+                raise ProbeError("the llama.cpp back-end is closed")
+            start = time.perf_counter()
+            c = self._counters
+            c.requests += 1
             try:
                 response = server.handle_completions(body)
+                top, evaluated, generated = _top_logprobs(response)
             except _CALL_ERRORS as exc:
+                c.errors += 1
                 raise ProbeError(f"xllamacpp: {type(exc).__name__}: {exc}") from None
-        return _top_logprobs(response)
+            except ProbeError:
+                c.errors += 1
+                raise
+            c.tokens_in += evaluated
+            c.tokens_out += generated
+            c.latency_s_sum += time.perf_counter() - start
+            return top, evaluated, generated
+
+        with self._lock.exclusive():
+            yield probe
 
     async def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
         if self._server is None:
             return [_error("the llama.cpp back-end is closed", 0.0) for _ in requests]
         loop = asyncio.get_running_loop()
-        futures = [
-            loop.run_in_executor(self._pool, self._call, *request_body(req, self._cache_prompt))
-            for req in requests
-        ]
-        results = list(await asyncio.gather(*futures))
+        if self.serial:
+            results = await loop.run_in_executor(self._pool, self._serial_calls, requests)
+        else:
+            futures = [
+                loop.run_in_executor(self._pool, self._batched_call,
+                                     *request_body(req, cache_prompt=True))
+                for req in requests
+            ]
+            results = list(await asyncio.gather(*futures))
         c = self._counters
         for r in results:
             c.requests += 1
