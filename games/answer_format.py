@@ -333,3 +333,53 @@ def number_json_schema(low: float, high: float) -> dict:
         "required": ["number"],
         "additionalProperties": False,
     }
+
+
+# ---------------------------------------------------------------- the language, as prefixes
+
+
+class IntegerAnswers:
+    """The strings ``number_grammar(low, high)`` admits (integers, no CoT), as a prefix test.
+
+    Built from the same digit patterns as the grammar, so the two cannot disagree. Used to
+    walk the tree of answer prefixes token by token: which next pieces keep a prefix inside
+    the language, and when a prefix is already a whole answer.
+    """
+
+    def __init__(self, low: float, high: float) -> None:
+        # (sign, patterns): "" or "-" followed by one of the digit patterns.
+        self._pieces = [("-" if negative else "", int_patterns(a, b))
+                        for negative, a, b, _ in _parts(low, high, 0)]
+        self.alphabet = frozenset(" -0123456789")
+
+    def _split(self, text: str) -> list[tuple[str, list[_Pattern]]]:
+        body = text[1:] if text.startswith(" ") else text
+        out = []
+        for sign, patterns in self._pieces:
+            if sign and not body.startswith(sign) and sign.startswith(body):
+                out.append((body, []))  # "" or "-" alone: a prefix of the sign itself
+            elif body.startswith(sign):
+                out.append((body[len(sign):], patterns))
+        return out
+
+    @staticmethod
+    def _matches(digits: str, pattern: _Pattern) -> bool:
+        return len(digits) <= len(pattern) and all(
+            c.isdigit() and lo <= int(c) <= hi for c, (lo, hi) in zip(digits, pattern))
+
+    def is_prefix(self, text: str) -> bool:
+        """Whether some admitted answer starts with ``text`` (the empty string is one)."""
+        if not set(text) <= self.alphabet or " " in text[1:]:
+            return False
+        for digits, patterns in self._split(text):
+            if not patterns or any(self._matches(digits, p) for p in patterns):
+                return True
+        return False
+
+    def is_complete(self, text: str) -> bool:
+        """Whether ``text`` is an admitted answer (generation may end after it)."""
+        if not set(text) <= self.alphabet or " " in text[1:]:
+            return False
+        return any(digits and any(len(digits) == len(p) and self._matches(digits, p)
+                                  for p in patterns)
+                   for digits, patterns in self._split(text))

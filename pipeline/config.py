@@ -84,6 +84,15 @@ class ScriptedSettings(_Section):
 
 class AgentsConfig(SamplingSettings):
     backend: Literal["scripted", "llamacpp", "tgi", "openai"] = "scripted"
+    # "auto": agents with the same prompt draw from one answer distribution computed for it,
+    # where the back-end and the answer format allow it; "off": one model call per agent.
+    share_answers: Literal["auto", "off"] = "auto"
+    # The most probability mass a shared distribution may leave unseen (tokens beyond the
+    # top n a server returns); a prompt above it gets one call per agent instead.
+    share_max_unseen: FiniteFloat = Field(1e-4, gt=0, le=0.01)
+    # Per-agent calls one at a time (llamacpp): the same seed gives the same text, at the
+    # cost of batching. Shared answers are reproducible without it.
+    reproducible: bool = False
     # Characters of each answer kept in the `raw` column (the parse sees all of it).
     max_raw_chars: int = Field(4096, ge=0, le=2**20)
     scripted: ScriptedSettings = ScriptedSettings()

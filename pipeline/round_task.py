@@ -9,14 +9,14 @@ by a full disk, say) is moved aside, never deleted, and the partition is played 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from simpipe.agents.base import Turn
+from simpipe.agents.base import DecisionStats, Turn
 from simpipe.agents.registry import get_policy
 from simpipe.config import Config
 from simpipe.files import move_aside, write_parquet_atomic
@@ -36,9 +36,11 @@ ROW_SCHEMA = pa.schema([
     ("tokens_out", pa.int32()),
     ("latency_s", pa.float64()),
     ("error", pa.string()),
+    ("shared", pa.bool_()),
 ])
 ROW_COLUMNS = tuple(ROW_SCHEMA.names)
-REUSED_COLUMNS = ("group_id", "guess", "status", "tokens_in", "tokens_out")  # for the partial
+REUSED_COLUMNS = ("group_id", "guess", "status", "tokens_in", "tokens_out",
+                  "shared")  # for the partial and the round record
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,7 @@ class PartitionOutcome:
     tokens_in: int
     tokens_out: int
     reused: bool
+    stats: DecisionStats = field(default_factory=DecisionStats)
     set_aside: str = ""  # a corrupt file found in place of this partition's: the warning
 
 
@@ -71,7 +74,8 @@ def play_partition(job: PartitionJob, winning: np.ndarray) -> PartitionOutcome:
         ids = partition_bounds(population.size, population.n_partitions)[job.partition]
         try:
             rows = read_part(out, ids, REUSED_COLUMNS, required=ROW_COLUMNS)
-            return _outcome(job, rows, reused=True)
+            stats = DecisionStats(shared_agents=int(rows["shared"].sum()))
+            return _outcome(job, rows, stats, reused=True)
         except CorruptFile as exc:
             set_aside = f"{exc}; moved aside to {move_aside(out).name}, playing it again"
     agents = pd.read_parquet(paths.population_part(job.partition))
@@ -91,11 +95,11 @@ def play_partition(job: PartitionJob, winning: np.ndarray) -> PartitionOutcome:
     rows = pd.concat(
         [pd.DataFrame({"agent_id": agents["agent_id"].to_numpy(),
                        "group_id": job.group_ids.astype(np.int64)}),
-         decisions.reset_index(drop=True)],
+         decisions.frame.reset_index(drop=True)],
         axis=1,
     )[list(ROW_COLUMNS)]
     write_parquet_atomic(pa.Table.from_pandas(rows, schema=ROW_SCHEMA, preserve_index=False), out)
-    return _outcome(job, rows, reused=False, set_aside=set_aside)
+    return _outcome(job, rows, decisions.stats, reused=False, set_aside=set_aside)
 
 
 def read_own_guesses(paths: RunPaths, partition: int, round_index: int) -> np.ndarray:
@@ -107,7 +111,7 @@ def read_own_guesses(paths: RunPaths, partition: int, round_index: int) -> np.nd
     return np.column_stack(columns)
 
 
-def _outcome(job: PartitionJob, rows: pd.DataFrame, reused: bool,
+def _outcome(job: PartitionJob, rows: pd.DataFrame, stats: DecisionStats, reused: bool,
              set_aside: str = "") -> PartitionOutcome:
     return PartitionOutcome(
         partition=job.partition,
@@ -116,5 +120,6 @@ def _outcome(job: PartitionJob, rows: pd.DataFrame, reused: bool,
         tokens_in=int(rows["tokens_in"].sum()),
         tokens_out=int(rows["tokens_out"].sum()),
         reused=reused,
+        stats=stats,
         set_aside=set_aside,
     )

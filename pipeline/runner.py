@@ -28,7 +28,8 @@ import numpy as np
 import pandas as pd
 from distributed import Client, as_completed
 
-from simpipe.agents.registry import process_counters
+from simpipe.agents.registry import backend_supports_distributions, process_counters, prompt_style
+from simpipe.agents.shared_answers import sharing_refusal
 from simpipe.cluster.connect import make_client
 from simpipe.config import Config
 from simpipe.console import Console
@@ -122,6 +123,8 @@ def _run_rounds(client: Client, config: Config, paths: RunPaths, ledger: Ledger,
                       warn=console.warn)
     bar.close()
     ledger.add_timing("population_s", time.perf_counter() - t0)
+    if config.agents.backend != "scripted":
+        console.line(answers_plan(config))
 
     size, n_parts = config.population.size, config.population.n_partitions
     groups = assign_groups(size, config.game.group_size, config.run.seed)
@@ -152,6 +155,9 @@ def _run_rounds(client: Client, config: Config, paths: RunPaths, ledger: Ledger,
         ledger.record_round(r, record)
         counters.update()
         console.line(_round_line(config, r, rows, record))
+        problem = next((o.stats.problem for o in outcomes if o.stats.problem), None)
+        if problem:
+            console.line(f"  not shared: {problem}")
     return RunResult(paths.root, summary, "finished", 0.0, round_times)
 
 
@@ -194,6 +200,17 @@ def _play_round(client: Client, config: Config, paths: RunPaths, ledger: Ledger,
     finally:
         bar.close()
     return sorted(outcomes, key=lambda o: o.partition)
+
+
+def answers_plan(config: Config) -> str:
+    """One line saying how LLM agents will be answered this run, and why."""
+    refusal = sharing_refusal(config.agents.share_answers, config.game, config.agents.backend,
+                              backend_supports_distributions(config.agents),
+                              prompt_style(config.agents))
+    if refusal is None:
+        return ("answers: each distinct prompt's answer distribution is computed once per "
+                "worker; agents draw from it with their own seeds")
+    return f"answers: one model call per agent ({refusal})"
 
 
 def _wait_one(pending: as_completed, poll_s: float = 0.25) -> list:
@@ -276,6 +293,11 @@ def _with_round(summary: pd.DataFrame, rows: pd.DataFrame, r: int) -> pd.DataFra
 def _round_record(rows: pd.DataFrame, outcomes: list[PartitionOutcome], elapsed: float,
                   started_at: float) -> dict:
     n = int(rows["n"].sum())
+    played = [o for o in outcomes if not o.reused]
+    prompt_ids = (np.unique(np.concatenate([o.stats.prompt_ids for o in played]))
+                  if played else np.empty(0, np.uint64))
+    distinct = int(prompt_ids.size)
+    agents_played = sum(o.n_agents for o in played)
     return {
         "started_at": round(started_at, 3),
         "n": n,
@@ -289,6 +311,13 @@ def _round_record(rows: pd.DataFrame, outcomes: list[PartitionOutcome], elapsed:
         "elapsed_s": round(elapsed, 3),
         "agents_per_s": round(n / elapsed, 1) if elapsed > 0 else None,
         "partitions_reused": sum(o.reused for o in outcomes),
+        # Answer sharing (counted over the partitions played in this invocation):
+        "distinct_prompts": distinct,
+        "sharing_factor": round(agents_played / distinct, 1) if distinct else None,
+        "model_calls": sum(o.stats.model_calls for o in played),
+        "shared_agents": sum(o.stats.shared_agents for o in outcomes),
+        "fallback_prompts": sum(o.stats.fallback_prompts for o in played),
+        "unseen_mass_max": max((o.stats.unseen_mass_max for o in played), default=0.0),
     }
 
 
@@ -336,9 +365,16 @@ def _round_line(config: Config, r: int, rows: pd.DataFrame, record: dict) -> str
         stats = (f"mean {record['mean'] or float('nan'):.2f}  "
                  f"target (avg over {len(rows)} groups) {rows['target'].mean():.2f}")
     invalid = record["n"] - record["n_valid"]
-    return (
+    line = (
         f"round {r + 1}/{config.game.rounds}: {stats}  invalid {invalid} "
         f"(unparsed {record['n_unparsed']}, out_of_range {record['n_out_of_range']}, "
         f"error {record['n_error']})  {record['elapsed_s']:.1f}s  "
         f"{_rate(record['agents_per_s'])} agents/s  (equilibrium {equilibrium(config.game):g})"
     )
+    if config.agents.backend != "scripted" and record["distinct_prompts"]:
+        line += (f"\n  {record['distinct_prompts']:,} distinct prompts, sharing factor "
+                 f"{record['sharing_factor']:,.1f}, {record['model_calls']:,} model calls, "
+                 f"{record['shared_agents']:,} answers drawn from shared distributions")
+        if record["fallback_prompts"]:
+            line += f", {record['fallback_prompts']} prompts fell back to one call per agent"
+    return line

@@ -15,7 +15,7 @@ from distributed import Client, LocalCluster
 from simpipe.console import Console
 from simpipe.inference.server_process import ServerProcess
 from simpipe.layout import RunPaths
-from simpipe.results import read_ledger, read_rounds, read_summary
+from simpipe.results import read_ledger, read_population, read_rounds, read_summary
 from simpipe.runner import run_simulation
 
 pytestmark = [pytest.mark.llm, pytest.mark.slow]
@@ -42,7 +42,8 @@ def llm_config(tmp_path, **sections):
 
 
 def test_embedded_model_plays_two_rounds_with_memory(llm_client, tmp_path):
-    config = llm_config(tmp_path / "a")
+    # One call per agent (the shared path is tested below).
+    config = llm_config(tmp_path / "a", agents={"share_answers": "off"})
     run_simulation(config, client=llm_client, console=QUIET)
     rows = read_rounds(config.run_dir)
     assert rows.groupby("round").size().tolist() == [16, 16]
@@ -60,16 +61,60 @@ def test_embedded_model_plays_two_rounds_with_memory(llm_client, tmp_path):
     assert ledger["endpoints"]["llamacpp"]["requests"] == 32
 
 
+PERSONAS = {"population": {"size": 48, "partitions": 2,
+                          "persona": {"mode": "template",
+                                      "template": "You have a {education} education."}}}
+
+
+def test_agents_with_the_same_prompt_share_one_answer_distribution(llm_client, tmp_path):
+    config = llm_config(tmp_path / "s", **PERSONAS)
+    run_simulation(config, client=llm_client, console=QUIET)
+    rows = read_rounds(config.run_dir)
+    assert rows.groupby("round").size().tolist() == [48, 48]
+    assert rows["shared"].all()
+    assert (rows["status"] == "ok").all()
+    assert rows["raw"].str.fullmatch(r" ?\d+").all()
+    ledger = read_ledger(config.run_dir)
+    first, second = ledger["rounds"]["0"], ledger["rounds"]["1"]
+    # Round 1: one prompt per education level; round 2 adds each agent's own answer.
+    assert first["distinct_prompts"] == 3
+    assert first["sharing_factor"] == 16.0
+    assert first["shared_agents"] == 48 and first["fallback_prompts"] == 0
+    assert 3 <= first["model_calls"] <= 3 * 40  # a tree per prompt, not a call per agent
+    assert second["distinct_prompts"] > 3
+    assert 0 <= first["unseen_mass_max"] <= 1e-4
+    # Every token spent is on some agent's row, and the engine's counters agree.
+    counters = ledger["endpoints"]["llamacpp"]
+    assert rows["tokens_in"].sum() == counters["tokens_in"]
+    assert first["model_calls"] + second["model_calls"] == counters["requests"]
+    # Agents with the same prompt do not all give the same answer: they draw.
+    round1 = rows[rows["round"] == 0]
+    assert round1.groupby(read_population(config.run_dir)["education"].to_numpy())[
+        "guess"].nunique().min() > 1
+
+
 def test_same_seed_gives_the_same_guesses(llm_client, tmp_path):
-    # Reproducible only one sequence at a time: batched decoding in llama.cpp depends on
-    # which sequences share a batch (ggml-org/llama.cpp#7052), so n_parallel = 1 here.
-    one_slot = {"backend": "llamacpp", "llamacpp": {"n_parallel": 1}}
-    a = llm_config(tmp_path / "a", game={"rounds": 1}, agents=one_slot)
-    b = llm_config(tmp_path / "b", game={"rounds": 1}, agents=one_slot)
+    # Default settings (8 slots): shared answers are computed one lone sequence at a time,
+    # so two runs draw the same answers.
+    a = llm_config(tmp_path / "a", **PERSONAS)
+    b = llm_config(tmp_path / "b", **PERSONAS)
+    run_simulation(a, client=llm_client, console=QUIET)
+    run_simulation(b, client=llm_client, console=QUIET)
+    ga, gb = read_rounds(a.run_dir), read_rounds(b.run_dir)
+    np.testing.assert_array_equal(ga["guess"].to_numpy(), gb["guess"].to_numpy())
+
+
+def test_reproducible_per_agent_calls_give_the_same_guesses(llm_client, tmp_path):
+    # One call per agent with several slots: agents.reproducible runs a batch's calls one
+    # at a time, each batch starting from a clean slot.
+    agents = {"share_answers": "off", "reproducible": True}
+    a = llm_config(tmp_path / "a", game={"rounds": 1}, agents=agents)
+    b = llm_config(tmp_path / "b", game={"rounds": 1}, agents=agents)
     run_simulation(a, client=llm_client, console=QUIET)
     run_simulation(b, client=llm_client, console=QUIET)
     ga, gb = read_rounds(a.run_dir), read_rounds(b.run_dir)
     np.testing.assert_array_equal(ga["raw"].to_numpy(), gb["raw"].to_numpy())
+    assert not ga["shared"].any()
 
 
 def test_openai_backend_survives_a_server_killed_mid_round(tmp_path):

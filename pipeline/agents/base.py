@@ -7,7 +7,7 @@ requests for LLM agents) and returns one decision row per agent.
 from __future__ import annotations
 
 import abc
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -15,7 +15,7 @@ import pandas as pd
 from simpipe.games.config import GameConfig
 
 DECISION_COLUMNS = ("guess", "status", "raw", "raw_truncated", "tokens_in", "tokens_out",
-                    "latency_s", "error")
+                    "latency_s", "error", "shared")
 
 
 @dataclass(frozen=True)
@@ -37,13 +37,32 @@ class Turn:
         return np.random.default_rng([self.seed, stream, self.round_index, self.partition])
 
 
+@dataclass
+class DecisionStats:
+    """What deciding one partition took, summed over partitions into ``run.json``."""
+
+    # Stable 64-bit ids of the distinct prompts (the round's distinct prompts are the union)
+    prompt_ids: np.ndarray = field(default_factory=lambda: np.empty(0, np.uint64))
+    model_calls: int = 0  # calls to the model: one per agent, or per node of a shared tree
+    shared_agents: int = 0  # agents whose answer was drawn from a shared distribution
+    fallback_prompts: int = 0  # distinct prompts that could not be shared (unseen mass)
+    unseen_mass_max: float = 0.0  # largest unseen mass of a shared distribution used
+    problem: str | None = None  # why the first fallback prompt could not be shared
+
+
+@dataclass
+class Decisions:
+    frame: pd.DataFrame  # one row per agent (same order as the agents) with DECISION_COLUMNS
+    stats: DecisionStats = field(default_factory=DecisionStats)
+
+
 class AgentPolicy(abc.ABC):
     #: Whether ``Turn.past_guesses`` must be filled in (LLM agents remember their answers).
     needs_own_history: bool = False
 
     @abc.abstractmethod
-    def decide(self, agents: pd.DataFrame, turn: Turn) -> pd.DataFrame:
-        """One row per agent (same order as ``agents``) with DECISION_COLUMNS."""
+    def decide(self, agents: pd.DataFrame, turn: Turn) -> Decisions:
+        """One decision per agent (same order as ``agents``), and what it took."""
 
     def counters(self) -> dict[str, dict]:
         """Per-endpoint counters since this policy was created (empty without endpoints)."""
@@ -72,6 +91,7 @@ def decisions_frame(
     tokens_out: np.ndarray | None = None,
     latency_s: np.ndarray | None = None,
     error: list[str | None] | None = None,
+    shared: np.ndarray | None = None,
 ) -> pd.DataFrame:
     """Build the decision frame with the result schema's column types."""
     n = len(guess)
@@ -88,5 +108,6 @@ def decisions_frame(
             "tokens_out": np.zeros(n, np.int32) if tokens_out is None else tokens_out.astype(np.int32),
             "latency_s": np.zeros(n) if latency_s is None else np.asarray(latency_s, np.float64),
             "error": np.asarray(error, dtype=object) if error is not None else none,
+            "shared": np.zeros(n, bool) if shared is None else np.asarray(shared, bool),
         }
     )

@@ -8,19 +8,33 @@ either way, so every agent ends with a guess or a status saying why not.
 from __future__ import annotations
 
 import functools
+import json
 import math
+
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
-from simpipe.agents.base import AgentPolicy, Turn, decisions_frame, stored_raw
+from simpipe.agents.base import AgentPolicy, Decisions, DecisionStats, Turn, decisions_frame, stored_raw
+from simpipe.agents.shared_answers import (
+    SharedAnswers,
+    draw_uniforms,
+    prompt_hash,
+    sharing_refusal,
+    split_evenly,
+)
 from simpipe.aio import run_async
 from simpipe.games.answer_format import number_grammar, number_json_schema, number_regex
 from simpipe.games.config import GameConfig
 from simpipe.games.parsing import parse_many
 from simpipe.games.prompts import HistoryItem, PromptBuilder
-from simpipe.inference.base import Backend, GenerationRequest, OutputConstraint
+from simpipe.inference.base import Backend, GenerationRequest, GenerationResult, OutputConstraint
+from simpipe.inference.llamacpp_sampler import ChainSettings
 from simpipe.inference.settings import SamplingSettings
+
+if TYPE_CHECKING:
+    from simpipe.config import AgentsConfig
 
 
 def agent_seeds(seed: int, round_index: int, agent_ids: np.ndarray) -> np.ndarray:
@@ -67,54 +81,134 @@ def prompting(game: GameConfig, style: str) -> tuple[PromptBuilder, OutputConstr
     return _prompting(game.model_dump_json(), style)
 
 
-def build_requests(agents: pd.DataFrame, turn: Turn, style: str,
-                   sampling: SamplingSettings) -> list[GenerationRequest]:
-    """One request per agent: its prompt (rules, persona, own history), seed and limits."""
-    builder, constraint = prompting(turn.game, style)
+def render_prompts(agents: pd.DataFrame, turn: Turn, style: str) -> list:
+    """Each agent's prompt for this turn: rules, persona, own history (str or chat messages)."""
+    builder, _ = prompting(turn.game, style)
     personas = agents["persona"].tolist() if "persona" in agents else [None] * len(agents)
-    prompts = builder.render_many(personas, histories(turn.past_guesses, turn.past_winning),
-                                  turn.round_index)
-    seeds = agent_seeds(turn.seed, turn.round_index, agents["agent_id"].to_numpy())
+    return builder.render_many(personas, histories(turn.past_guesses, turn.past_winning),
+                               turn.round_index)
+
+
+def requests_for(prompts: list, seeds: np.ndarray, game: GameConfig,
+                 sampling: SamplingSettings) -> list[GenerationRequest]:
+    """One request per prompt, with its seed, the sampling settings and the answer
+    constraint."""
+    _, constraint = prompting(game, "completion")
     common = {
-        "max_tokens": sampling.cot_max_tokens if turn.game.prompt == "cot" else sampling.max_tokens,
+        "max_tokens": sampling.cot_max_tokens if game.prompt == "cot" else sampling.max_tokens,
         "temperature": sampling.temperature,
         "top_p": sampling.top_p,
+        "top_k": sampling.top_k,
+        "min_p": sampling.min_p,
         "constraint": constraint,
     }
     return [
         GenerationRequest(prompt=p, seed=seed, **common) if isinstance(p, str)
         else GenerationRequest(messages=p, seed=seed, **common)
-        for p, seed in zip(prompts, seeds.tolist())
+        for p, seed in zip(prompts, seeds.tolist(), strict=True)
     ]
 
 
+def build_requests(agents: pd.DataFrame, turn: Turn, style: str,
+                   sampling: SamplingSettings) -> list[GenerationRequest]:
+    """One request per agent: its prompt (rules, persona, own history), seed and limits."""
+    seeds = agent_seeds(turn.seed, turn.round_index, agents["agent_id"].to_numpy())
+    return requests_for(render_prompts(agents, turn, style), seeds, turn.game, sampling)
+
+
+def _prompt_key(prompt: object) -> str:
+    return prompt if isinstance(prompt, str) else json.dumps(prompt, sort_keys=True)
+
+
 class LLMAgents(AgentPolicy):
+    """Agents answered by an LLM back-end: from one shared answer distribution per distinct
+    prompt where that is possible (``simpipe.agents.shared_answers``), else one call each."""
+
     needs_own_history = True
 
-    def __init__(self, backend: Backend, sampling: SamplingSettings, max_raw_chars: int) -> None:
+    def __init__(self, backend: Backend, agents: AgentsConfig) -> None:
         self.backend = backend
-        self.sampling = sampling
-        self.max_raw_chars = max_raw_chars
+        self.sampling = agents
+        self.shared = SharedAnswers(backend) if backend.supports_answer_distributions else None
 
-    def decide(self, agents: pd.DataFrame, turn: Turn) -> pd.DataFrame:
+    def sharing_refusal(self, game: GameConfig) -> str | None:
+        """Why this partition's agents get one call each; None when they share answers."""
+        return sharing_refusal(self.sampling.share_answers, game, self.sampling.backend,
+                               self.backend.supports_answer_distributions,
+                               self.backend.prompt_style)
+
+    def decide(self, agents: pd.DataFrame, turn: Turn) -> Decisions:
         game = turn.game
-        requests = build_requests(agents, turn, self.backend.prompt_style, self.sampling)
-        results = run_async(self.backend.generate(requests))
-        texts = [r.text for r in results]
-        guesses, statuses = parse_many(texts, game.low, game.high, game.prompt == "cot")
-        failed = np.fromiter((r.status == "error" for r in results), bool, len(results))
-        statuses[failed] = "error"
-        guesses[failed] = np.nan
-        raw, raw_truncated = stored_raw(texts, self.max_raw_chars)
-        return decisions_frame(
-            guesses, statuses,
-            raw=raw,
-            raw_truncated=raw_truncated,
-            tokens_in=np.fromiter((r.tokens_in for r in results), np.int64, len(results)),
-            tokens_out=np.fromiter((r.tokens_out for r in results), np.int64, len(results)),
-            latency_s=np.fromiter((r.latency_s for r in results), np.float64, len(results)),
-            error=[r.error for r in results],
-        )
+        n = len(agents)
+        prompts = render_prompts(agents, turn, self.backend.prompt_style)
+        seeds = agent_seeds(turn.seed, turn.round_index, agents["agent_id"].to_numpy())
+        codes, uniques = pd.factorize(pd.Series([_prompt_key(p) for p in prompts],
+                                                dtype=object))
+        stats = DecisionStats(prompt_ids=np.unique(np.fromiter(
+            (prompt_hash(u) for u in uniques), np.uint64, len(uniques))))
+        out = _Answers(n)
+        if self.shared is not None and self.sharing_refusal(game) is None:
+            self._draw_shared(out, codes, list(uniques), seeds, game, stats)
+        todo = np.nonzero(~out.shared)[0]
+        if todo.size:
+            requests = requests_for([prompts[i] for i in todo], seeds[todo], game,
+                                    self.sampling)
+            out.fill(todo, run_async(self.backend.generate(requests)))
+            stats.model_calls += int(todo.size)
+        guesses, statuses = parse_many(out.texts, game.low, game.high, game.prompt == "cot")
+        statuses[out.failed] = "error"
+        guesses[out.failed] = np.nan
+        stats.shared_agents = int(out.shared.sum())
+        raw, raw_truncated = stored_raw(out.texts.tolist(), self.sampling.max_raw_chars)
+        frame = decisions_frame(guesses, statuses, raw=raw, raw_truncated=raw_truncated,
+                                tokens_in=out.tokens_in, tokens_out=out.tokens_out,
+                                latency_s=out.latency_s, error=out.errors, shared=out.shared)
+        return Decisions(frame, stats)
+
+    def _draw_shared(self, out: _Answers, codes: np.ndarray, uniques: list[str],
+                     seeds: np.ndarray, game: GameConfig, stats: DecisionStats) -> None:
+        s = self.sampling
+        settings = ChainSettings(s.temperature, s.top_p, s.top_k, s.min_p)
+        order = np.argsort(codes, kind="stable")
+        bounds = np.concatenate([[0], np.cumsum(np.bincount(codes, minlength=len(uniques)))])
+        for k, prompt in enumerate(uniques):
+            members = order[bounds[k]:bounds[k + 1]]
+            found = self.shared.lookup(prompt, settings, s.max_tokens, (game.low, game.high),
+                                       s.share_max_unseen)
+            stats.model_calls += found.calls
+            if found.computed:
+                out.tokens_in[members] += split_evenly(found.tokens_in, members.size)
+                out.tokens_out[members] += split_evenly(found.tokens_out, members.size)
+            dist = found.distribution
+            if dist is None:
+                stats.fallback_prompts += 1
+                stats.problem = stats.problem or found.problem
+                continue
+            picks = dist.draw(draw_uniforms(seeds[members]))
+            out.texts[members] = np.asarray(dist.texts, dtype=object)[picks]
+            out.shared[members] = True
+            stats.unseen_mass_max = max(stats.unseen_mass_max, dist.unseen_mass)
 
     def counters(self) -> dict[str, dict]:
         return self.backend.counters()
+
+
+class _Answers:
+    """Per-agent answer columns, filled by shared draws and by calls."""
+
+    def __init__(self, n: int) -> None:
+        self.texts = np.full(n, None, dtype=object)
+        self.shared = np.zeros(n, bool)
+        self.failed = np.zeros(n, bool)
+        self.tokens_in = np.zeros(n, np.int64)
+        self.tokens_out = np.zeros(n, np.int64)
+        self.latency_s = np.zeros(n, np.float64)
+        self.errors = np.full(n, None, dtype=object)
+
+    def fill(self, idx: np.ndarray, results: list[GenerationResult]) -> None:
+        self.texts[idx] = [r.text for r in results]
+        self.failed[idx] = [r.status == "error" for r in results]
+        self.tokens_in[idx] += [r.tokens_in for r in results]
+        self.tokens_out[idx] += [r.tokens_out for r in results]
+        self.latency_s[idx] = [r.latency_s for r in results]
+        self.errors[idx] = [r.error for r in results]

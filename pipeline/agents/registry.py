@@ -14,22 +14,46 @@ _lock = threading.Lock()
 _policies: dict[str, AgentPolicy] = {}
 
 
-def build_backend(agents: AgentsConfig) -> Backend:
-    """The LLM back-end ``agents.backend`` names (not "scripted")."""
-    # Imported on demand: a scripted run never loads xllamacpp or the HTTP client.
-    if agents.backend == "llamacpp":
+def backend_class(name: str) -> type[Backend]:
+    """The class of the LLM back-end ``name`` (imported on demand: a scripted run never
+    loads the HTTP client, and importing the llamacpp module does not load xllamacpp)."""
+    if name == "llamacpp":
         from simpipe.inference.llamacpp import LlamaCppBackend  # noqa: PLC0415
 
-        return LlamaCppBackend(agents.llamacpp)
-    if agents.backend == "tgi":
+        return LlamaCppBackend
+    if name == "tgi":
         from simpipe.inference.tgi import TgiBackend  # noqa: PLC0415
 
-        return TgiBackend(agents.tgi)
-    if agents.backend == "openai":
+        return TgiBackend
+    if name == "openai":
         from simpipe.inference.openai_compat import OpenAIBackend  # noqa: PLC0415
 
-        return OpenAIBackend(agents.openai)
-    raise ValueError(f"agents.backend = {agents.backend!r} is not an LLM back-end")
+        return OpenAIBackend
+    raise ValueError(f"agents.backend = {name!r} is not an LLM back-end")
+
+
+def build_backend(agents: AgentsConfig) -> Backend:
+    """The LLM back-end ``agents.backend`` names (not "scripted")."""
+    cls = backend_class(agents.backend)
+    if agents.backend == "llamacpp":
+        return cls(agents.llamacpp, serial=agents.reproducible)  # type: ignore[call-arg]
+    return cls(getattr(agents, agents.backend))  # type: ignore[call-arg]
+
+
+def backend_supports_distributions(agents: AgentsConfig) -> bool:
+    """Whether ``agents.backend`` can compute shared answer distributions (no model load)."""
+    if agents.backend == "scripted":
+        return False
+    return backend_class(agents.backend).supports_answer_distributions
+
+
+def prompt_style(agents: AgentsConfig) -> str:
+    """The prompt shape ``agents.backend`` will use ("completion" or "chat")."""
+    if agents.backend == "llamacpp":
+        return agents.llamacpp.prompt_style
+    if agents.backend == "openai":
+        return "chat" if agents.openai.api == "chat" else "completion"
+    return "completion"
 
 
 def build_policy(agents: AgentsConfig) -> AgentPolicy:
@@ -40,7 +64,7 @@ def build_policy(agents: AgentsConfig) -> AgentPolicy:
         return ScriptedAgents(s.tau, s.noise, s.latency_s, s.depth_shift)
     from simpipe.agents.llm import LLMAgents  # noqa: PLC0415
 
-    return LLMAgents(build_backend(agents), agents, agents.max_raw_chars)
+    return LLMAgents(build_backend(agents), agents)
 
 
 def get_policy(agents: AgentsConfig) -> AgentPolicy:

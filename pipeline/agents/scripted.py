@@ -7,7 +7,7 @@ import asyncio
 import numpy as np
 import pandas as pd
 
-from simpipe.agents.base import AgentPolicy, Turn, decisions_frame
+from simpipe.agents.base import AgentPolicy, Decisions, Turn, decisions_frame
 from simpipe.aio import CoalescedClock, gc_paused, run_async
 from simpipe.games.level_k import HierarchyParams, hierarchy_guesses
 
@@ -21,7 +21,7 @@ class ScriptedAgents(AgentPolicy):
         self.latency_s = latency_s
         self.depth_shift = depth_shift
 
-    def decide(self, agents: pd.DataFrame, turn: Turn) -> pd.DataFrame:
+    def decide(self, agents: pd.DataFrame, turn: Turn) -> Decisions:
         n = len(agents)
         depth_mean = np.full(n, self.params.tau)
         for attr, shifts in self.depth_shift.items():
@@ -36,7 +36,7 @@ class ScriptedAgents(AgentPolicy):
         if self.latency_s > 0:
             with gc_paused():
                 latency = run_async(_wait_each(n, self.latency_s))
-        return decisions_frame(guesses, np.full(n, "ok"), latency_s=latency)
+        return Decisions(decisions_frame(guesses, np.full(n, "ok"), latency_s=latency))
 
 
 async def _wait_each(n: int, delay: float) -> np.ndarray:

@@ -38,6 +38,8 @@ class GenerationRequest:
     max_tokens: int = 8
     temperature: float = 1.0
     top_p: float = 1.0
+    top_k: int = 0  # 0: off
+    min_p: float = 0.0  # 0: off
     seed: int = 0
     stop: tuple[str, ...] = ()
     constraint: OutputConstraint | None = None
@@ -91,6 +93,12 @@ class Backend(abc.ABC):
     #: Which prompt shape suits the model behind it: "completion" (a base model such as
     #: the default Gemma 270M) or "chat" (instruction-tuned models behind a chat API).
     prompt_style: Literal["completion", "chat"] = "completion"
+
+    #: Whether it can return raw next-token log-probabilities for a prompt followed by
+    #: token ids, with the vocabulary facts to interpret them (``logprob_session``,
+    #: ``answer_vocab``): what sharing one answer distribution per distinct prompt needs.
+    #: Why the others cannot is in the README ("Shared answers").
+    supports_answer_distributions: bool = False
 
     @abc.abstractmethod
     async def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:

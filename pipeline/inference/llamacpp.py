@@ -10,11 +10,13 @@ starts llama.cpp's HTTP listener too; in-process we bind it to 127.0.0.1 on a fr
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import os
+import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -32,9 +34,15 @@ from simpipe.inference.base import (
     GenerationRequest,
     GenerationResult,
 )
+from simpipe.inference.answer_distribution import Probe, ProbeError
+from simpipe.inference.gguf_vocab import AnswerVocab, answer_vocab
+from simpipe.inference.llamacpp_sampler import TopLogprobs
 from simpipe.inference.settings import LlamaCppSettings
 
 ENDPOINT = "llamacpp"
+# The slot lone (exclusive) calls use: with the prompt cache, a call may reuse only what
+# the same batch or session left there (see _serial_calls and logprob_session).
+LONE_SLOT = 0
 _CONFIG_KEY = "agents.llamacpp.model_path"
 _CTX_PER_SLOT = 512  # n_ctx = 0 means this many tokens per slot
 
@@ -136,6 +144,15 @@ def build_params(
     params.port = port
     # 3 (info) logs every request to stderr; 2 keeps warnings and errors.
     params.verbosity = verbosity
+    # Server-side defaults for requests that do not set them (llama.cpp's are top_k 40 and
+    # min_p 0.05): off, so that a client's temperature and top_p mean what they say.
+    params.sampling.top_k = 0
+    params.sampling.min_p = 0.0
+    # No host-memory prompt cache: a request could otherwise resume from a state that some
+    # other request computed (so reproducible calls would not be), and with it on, every
+    # task start copies each idle slot into that cache.
+    params.cache_ram_mib = 0
+    params.cache_idle_slots = False
     return params
 
 
@@ -174,6 +191,9 @@ def request_body(req: GenerationRequest, cache_prompt: bool) -> tuple[bool, dict
         "max_tokens": req.max_tokens,
         "temperature": req.temperature,
         "top_p": req.top_p,
+        # Always sent: llama.cpp's own defaults are top_k 40 and min_p 0.05.
+        "top_k": req.top_k,
+        "min_p": req.min_p,
         "seed": req.seed,
         "cache_prompt": cache_prompt,
     }
@@ -227,11 +247,79 @@ def _error(message: str, latency_s: float) -> GenerationResult:
     )
 
 
-class LlamaCppBackend(Backend):
-    """One llama.cpp model per worker process, answering whole partitions at once."""
+def _top_logprobs(response: Any) -> tuple[TopLogprobs, int, int]:
+    """(top log-probabilities, prompt tokens evaluated, tokens generated) of one answer."""
+    try:
+        choice = response["choices"][0]
+        entries = choice["logprobs"]["content"][0]["top_logprobs"]
+        ids = tuple(int(e["id"]) for e in entries)
+        logprobs = tuple(float(e["logprob"]) for e in entries)
+        evaluated = int((response.get("timings") or {}).get("prompt_n", 0))
+        generated = int((response.get("usage") or {}).get("completion_tokens", 0))
+    except (KeyError, IndexError, TypeError, ValueError) as exc:
+        message = response.get("error") if isinstance(response, dict) else None
+        raise ProbeError(f"no top log-probabilities from llama.cpp ({message or exc!r})") from None
+    return TopLogprobs(ids, logprobs), evaluated, generated
 
-    def __init__(self, settings: LlamaCppSettings) -> None:
+
+class EngineLock:
+    """Many batched calls at once, or one exclusive call alone.
+
+    llama.cpp's numerics depend on which sequences share a decode step (measured: the same
+    prompt's log-probabilities move by up to 0.05 for likely tokens and 0.6 for unlikely ones
+    between a lone decode and a batch), while a lone sequence decodes bit-identically
+    whatever ran before, prompt cache or not. Exclusive calls are therefore reproducible.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._shared = 0
+        self._exclusive = False
+        self._waiting = 0  # exclusive callers waiting: they go before new shared ones
+
+    @contextlib.contextmanager
+    def shared(self) -> Iterator[None]:
+        with self._cond:
+            while self._exclusive or self._waiting:
+                self._cond.wait()
+            self._shared += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._shared -= 1
+                self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        with self._cond:
+            self._waiting += 1
+            while self._exclusive or self._shared:
+                self._cond.wait()
+            self._waiting -= 1
+            self._exclusive = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._exclusive = False
+                self._cond.notify_all()
+
+
+class LlamaCppBackend(Backend):
+    """One llama.cpp model per worker process, answering whole partitions at once.
+
+    ``serial``: a batch's requests one at a time (each a lone sequence), so that the same
+    batch gives the same texts on every run; see ``_serial_calls``.
+    """
+
+    supports_answer_distributions = True
+
+    def __init__(self, settings: LlamaCppSettings, *, serial: bool = False) -> None:
         self.settings = settings
+        # One slot is serial anyway; say so, so that it is also reproducible.
+        self.serial = serial or settings.n_parallel == 1
+        self._lock = EngineLock()
         self.prompt_style = settings.prompt_style
         self.model_path = resolve_model_path(settings)
         params = build_params(
@@ -247,10 +335,6 @@ class LlamaCppBackend(Backend):
             max_workers=settings.n_parallel, thread_name_prefix="llamacpp"
         )
         self._counters = EndpointCounters()
-        # Same seed -> same text holds only with one slot and no prompt cache: llama.cpp's
-        # numerics depend on which sequences share a batch, and a reused cached prefix was
-        # computed in another batch. With several slots the cache is a free speed-up.
-        self._cache_prompt = settings.n_parallel > 1
 
     @property
     def listening_address(self) -> str:
@@ -258,10 +342,11 @@ class LlamaCppBackend(Backend):
         return self._server.listening_address
 
     def _call(self, is_chat: bool, body: dict) -> GenerationResult:
-        start = time.perf_counter()
+        """One request; the caller holds the engine lock (shared or exclusive)."""
         server = self._server
         if server is None:
             return _error("the llama.cpp back-end is closed", 0.0)
+        start = time.perf_counter()
         try:
             if is_chat:
                 response = server.handle_chat_completions(body)
@@ -272,15 +357,90 @@ class LlamaCppBackend(Backend):
                           time.perf_counter() - start)
         return _to_result(response, is_chat, time.perf_counter() - start)
 
+    def _batched_call(self, is_chat: bool, body: dict) -> GenerationResult:
+        with self._lock.shared():
+            return self._call(is_chat, body)
+
+    def _serial_calls(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
+        """Every request alone and in order, the first with its prompt decoded afresh.
+
+        A batch's numbers then depend only on its own requests, never on what ran before or
+        beside it: reusing a cached prefix changes how the rest of a prompt is batched and
+        the last bits of the result (measured: same seed, other text), so all run in one
+        slot, the first prompt starts clean and the later ones reuse only what this batch
+        itself left there.
+        """
+        with self._lock.exclusive():
+            results = []
+            for i, req in enumerate(requests):
+                is_chat, body = request_body(req, cache_prompt=i > 0)
+                body["id_slot"] = LONE_SLOT
+                results.append(self._call(is_chat, body))
+            return results
+
+    def answer_vocab(self, alphabet: frozenset[str]) -> AnswerVocab:
+        """End-of-generation ids and the tokens spelling ``alphabet``, from the GGUF file."""
+        return answer_vocab(str(self.model_path), alphabet)
+
+    @contextlib.contextmanager
+    def logprob_session(self, prompt: str) -> Iterator[Probe]:
+        """Exclusive use of the engine to ask for next-token log-probabilities after
+        ``prompt`` followed by token ids; yields ``probe(path, top_n)`` (see ``Probe``).
+
+        The whole session is one lone sequence (``EngineLock.exclusive``) in one slot: the
+        first call decodes the prompt afresh and the later ones reuse only what the session
+        itself left there, so a fixed sequence of calls gives bit-identical answers on every
+        run, whatever ran before.
+        The prompt goes as text then ids: it tokenizes exactly as a sampled call's prompt
+        does, and the ids are the tokens a sampled call would have generated. A probe
+        raises ProbeError.
+        """
+        if self._server is None:
+            raise ProbeError("the llama.cpp back-end is closed")
+        fresh = True
+
+        def probe(path: tuple[int, ...], top_n: int) -> tuple[TopLogprobs, int, int]:
+            nonlocal fresh
+            body = {"prompt": [prompt, *path] if path else prompt, "max_tokens": 1,
+                    "n_probs": top_n, "temperature": 1.0, "top_k": 1, "seed": 0,
+                    "cache_prompt": not fresh, "id_slot": LONE_SLOT}
+            fresh = False
+            server = self._server
+            if server is None:
+                raise ProbeError("the llama.cpp back-end is closed")
+            start = time.perf_counter()
+            c = self._counters
+            c.requests += 1
+            try:
+                response = server.handle_completions(body)
+                top, evaluated, generated = _top_logprobs(response)
+            except _CALL_ERRORS as exc:
+                c.errors += 1
+                raise ProbeError(f"xllamacpp: {type(exc).__name__}: {exc}") from None
+            except ProbeError:
+                c.errors += 1
+                raise
+            c.tokens_in += evaluated
+            c.tokens_out += generated
+            c.latency_s_sum += time.perf_counter() - start
+            return top, evaluated, generated
+
+        with self._lock.exclusive():
+            yield probe
+
     async def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
         if self._server is None:
             return [_error("the llama.cpp back-end is closed", 0.0) for _ in requests]
         loop = asyncio.get_running_loop()
-        futures = [
-            loop.run_in_executor(self._pool, self._call, *request_body(req, self._cache_prompt))
-            for req in requests
-        ]
-        results = list(await asyncio.gather(*futures))
+        if self.serial:
+            results = await loop.run_in_executor(self._pool, self._serial_calls, requests)
+        else:
+            futures = [
+                loop.run_in_executor(self._pool, self._batched_call,
+                                     *request_body(req, cache_prompt=True))
+                for req in requests
+            ]
+            results = list(await asyncio.gather(*futures))
         c = self._counters
         for r in results:
             c.requests += 1

@@ -70,6 +70,11 @@ class OpenAIBackend(HttpBackend):
         body["temperature"] = req.temperature
         if req.top_p != 1.0:
             body["top_p"] = req.top_p
+        # Not OpenAI's own parameters, but vLLM, SGLang and llama.cpp's server take them.
+        if req.top_k > 0:
+            body["top_k"] = req.top_k
+        if req.min_p > 0:
+            body["min_p"] = req.min_p
         body["seed"] = req.seed
         if req.stop:
             body["stop"] = list(req.stop)

@@ -78,9 +78,16 @@ class OpenAISettings(HttpSettings):
 
 
 class SamplingSettings(_Section):
-    """Sampling shared by every LLM back-end (under ``[agents]``)."""
+    """Sampling shared by every LLM back-end (under ``[agents]``).
+
+    ``top_k`` and ``min_p`` default to off, and are sent to llama.cpp explicitly: its server
+    otherwise applies its own defaults (top_k 40, min_p 0.05), so ``temperature = 1.0`` and
+    ``top_p = 1.0`` would not mean the model's own distribution.
+    """
 
     temperature: FiniteFloat = Field(1.0, ge=0)
     top_p: FiniteFloat = Field(1.0, gt=0, le=1)
+    top_k: StrictInt = Field(0, ge=0)  # 0: off
+    min_p: FiniteFloat = Field(0.0, ge=0, lt=1)  # 0: off
     max_tokens: StrictInt = Field(8, ge=1)  # for prompt = "basic"; CoT gets cot_max_tokens
     cot_max_tokens: StrictInt = Field(256, ge=1)

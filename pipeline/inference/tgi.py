@@ -59,6 +59,8 @@ class TgiBackend(HttpBackend):
             params["do_sample"] = False
         if 0 < req.top_p < 1:
             params["top_p"] = req.top_p
+        if req.top_k > 0:
+            params["top_k"] = req.top_k
         if req.stop:
             params["stop"] = list(req.stop)
         grammar = _grammar(req)

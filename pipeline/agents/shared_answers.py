@@ -1,0 +1,147 @@
+"""Answers drawn from one distribution per distinct prompt, instead of one call per agent.
+
+When sharing applies (``sharing_refusal`` returns None), a partition groups its agents by
+their exact prompt; each distinct prompt's answer distribution comes from this worker
+process's cache, or is computed once (``simpipe.inference.answer_distribution``) and cached
+for every partition this process plays; each agent then draws its own answer with its own
+seed. Two partitions needing the same prompt at the same time compute it once.
+
+Cost accounting: the tokens a computation spent are split (whole tokens, largest
+remainder) over the agents of the partition that computed it; agents that reused a
+distribution already in the cache show 0. Column sums per round are the tokens really spent.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+
+from simpipe.games.answer_format import IntegerAnswers
+from simpipe.games.config import GameConfig
+from simpipe.inference.answer_distribution import (
+    AnswerDistribution,
+    ProbeError,
+    TooMuchUnseen,
+    answer_distribution,
+)
+from simpipe.inference.base import Backend
+from simpipe.inference.llamacpp_sampler import ChainSettings
+
+# Why a back-end cannot share answers (the README's "Shared answers" has the details).
+_BACKEND_LIMITS = {
+    "tgi": "TGI returns at most 5 top tokens per position (--max-top-n-tokens) and no "
+           "probabilities after a chosen continuation",
+    "openai": "OpenAI-compatible servers cap the top log-probabilities (vLLM: 20) and differ "
+              "in whether they are taken before or after sampling; not implemented",
+}
+_DRAW_STREAM = np.uint64(0xD1B54A32D192ED03)
+
+
+def sharing_refusal(share_answers: str, game: GameConfig, backend_name: str,
+                    backend_can: bool, prompt_style: str) -> str | None:
+    """Why agents cannot draw from shared answer distributions; None when they can."""
+    if share_answers == "off":
+        return 'agents.share_answers = "off"'
+    if game.prompt == "cot":
+        return 'chain-of-thought answers are free text (game.prompt = "cot")'
+    if not backend_can:
+        return f"the {backend_name} back-end cannot: " + _BACKEND_LIMITS.get(
+            backend_name, "it exposes no next-token probabilities")
+    if prompt_style != "completion":
+        return "chat prompts are templated by the server, so their tokens are unknown here"
+    return None
+
+
+def draw_uniforms(seeds: np.ndarray) -> np.ndarray:
+    """One uniform in [0, 1) per agent seed (splitmix64 of the seed, 53 bits)."""
+    with np.errstate(over="ignore"):
+        x = seeds.astype(np.uint64) ^ _DRAW_STREAM
+        x = x * np.uint64(0x9E3779B97F4A7C15)
+        x ^= x >> np.uint64(30)
+        x *= np.uint64(0xBF58476D1CE4E5B9)
+        x ^= x >> np.uint64(27)
+        x *= np.uint64(0x94D049BB133111EB)
+        x ^= x >> np.uint64(31)
+    return (x >> np.uint64(11)).astype(np.float64) * (1.0 / 2**53)
+
+
+def prompt_hash(prompt: str) -> int:
+    """A stable 64-bit id of a prompt (Python's hash() differs between processes)."""
+    return int.from_bytes(hashlib.blake2b(prompt.encode(), digest_size=8).digest(), "little")
+
+
+def split_evenly(total: int, n: int) -> np.ndarray:
+    """``total`` whole tokens over ``n`` agents: every share floor or ceil, sum exact."""
+    shares = np.full(n, total // n, dtype=np.int64)
+    shares[: total % n] += 1
+    return shares
+
+
+@dataclass(frozen=True)
+class Lookup:
+    """A prompt's distribution (None: it could not be pinned down) and whether this call
+    computed it, with what that cost."""
+
+    distribution: AnswerDistribution | None
+    computed: bool
+    calls: int
+    tokens_in: int
+    tokens_out: int
+    problem: str | None = None
+
+
+class SharedAnswers:
+    """The per-process cache of answer distributions of one back-end."""
+
+    def __init__(self, backend: Backend, max_entries: int = 20_000) -> None:
+        self.backend = backend
+        self.max_entries = max_entries
+        self._lock = threading.Lock()
+        self._cache: OrderedDict[tuple, Lookup] = OrderedDict()
+        self._pending: dict[tuple, threading.Event] = {}
+
+    def lookup(self, prompt: str, settings: ChainSettings, max_tokens: int,
+               language_bounds: tuple[float, float], max_unseen: float) -> Lookup:
+        key = (prompt, settings, max_tokens, language_bounds, max_unseen)
+        while True:
+            with self._lock:
+                hit = self._cache.get(key)
+                if hit is not None:
+                    self._cache.move_to_end(key)
+                    return Lookup(hit.distribution, False, 0, 0, 0, hit.problem)
+                event = self._pending.get(key)
+                if event is None:
+                    event = self._pending[key] = threading.Event()
+                    break
+            event.wait()  # another partition is computing it; then read the cache
+        try:
+            found = self._compute(prompt, settings, max_tokens, language_bounds, max_unseen)
+            with self._lock:
+                self._cache[key] = found
+                while len(self._cache) > self.max_entries:
+                    self._cache.popitem(last=False)
+            return found
+        finally:
+            with self._lock:
+                del self._pending[key]
+            event.set()
+
+    def _compute(self, prompt: str, settings: ChainSettings, max_tokens: int,
+                 bounds: tuple[float, float], max_unseen: float) -> Lookup:
+        language = IntegerAnswers(*bounds)
+        backend = self.backend
+        vocab = backend.answer_vocab(language.alphabet)  # type: ignore[attr-defined]
+        try:
+            with backend.logprob_session(prompt) as probe:  # type: ignore[attr-defined]
+                dist = answer_distribution(probe, language, vocab, settings, max_tokens,
+                                           max_unseen=max_unseen)
+        except TooMuchUnseen as exc:
+            c = exc.cost
+            return Lookup(None, True, c.calls, c.tokens_in, c.tokens_out, str(exc))
+        except ProbeError as exc:
+            return Lookup(None, True, 0, 0, 0, str(exc))
+        return Lookup(dist, True, dist.calls, dist.tokens_in, dist.tokens_out)
