@@ -285,6 +285,20 @@ class PopulationConfig(_Section):
         """The template in use: the configured one, else one naming every attribute."""
         return self.persona.template or default_template(list(self.attributes))
 
+    @property
+    def attributes_in_prompt(self) -> list[str]:
+        """The attributes an agent's prompt mentions (through its persona), config order.
+
+        ``none``: no persona, so none; ``template``: those the template names; ``llm``: all,
+        since each agent's whole record goes into the meta-prompt its persona is written from.
+        """
+        if self.persona.mode == "none":
+            return []
+        if self.persona.mode == "llm":
+            return list(self.attributes)
+        named = set(template_fields(self.persona_template))
+        return [a for a in self.attributes if a in named]
+
     def checked_attribute(self, kind: Literal["age", "gender"]) -> str | None:
         """The attribute LLM personas are checked against for ``kind``, if any."""
         name = getattr(self.persona, f"{kind}_attribute")

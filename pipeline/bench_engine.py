@@ -4,8 +4,9 @@ Rows, run one after another on the same machine, each with its model already loa
 the first ``n_parallel`` prompts sent once before the clock starts (prompt caches and
 first-batch allocations are a one-off cost a long run amortises):
 
-1. raw engine: xllamacpp called directly, one thread per slot (FACTS.md's best in-process
-   setup), no Dask, no parsing, no Parquet;
+1. raw engine: xllamacpp called directly, one thread per slot (the fastest in-process
+   set-up measured), no Dask, no Parquet; then the same without the answer grammar (what
+   the grammar costs: its throughput against the constrained row's);
 2. pipeline, ``llamacpp`` back-end: a full round through Dask (one worker process that
    plays two partitions at a time, so the slots never drain between partitions);
 3. pipeline, ``openai`` back-end against llama.cpp's HTTP server (the same engine,
@@ -23,6 +24,7 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +35,7 @@ from simpipe.agents.llm import build_requests
 from simpipe.agents.registry import warm_policy
 from simpipe.config import Config, config_from_dict
 from simpipe.console import Console
+from simpipe.games.parsing import parse_many
 from simpipe.inference.base import GenerationRequest
 from simpipe.inference.llamacpp import build_params, open_engine, request_body, resolve_model_path
 from simpipe.layout import RunPaths
@@ -57,7 +60,9 @@ def engine_config(agents: int, n_parallel: int, output_dir: Path, backend: str =
                                                                "Bachelor's Degree": 1,
                                                                "Ph.D.": 1}}}},
         "game": {"rounds": 1},
-        "agents": {"backend": backend, "max_tokens": 6,
+        # One call per agent: the engine's own speed is what is compared (shared answers
+        # have their own benchmark, `simpipe bench share`).
+        "agents": {"backend": backend, "max_tokens": 6, "share_answers": "off",
                    "llamacpp": {"n_parallel": n_parallel}},
         "cluster": {"kind": "local", "workers": 1, "threads_per_worker": 2,
                     "dashboard_address": ""},
@@ -84,24 +89,36 @@ def _latency_row(name: str, latencies: np.ndarray, tokens_out: int, wall: float)
     }
 
 
-def raw_engine(requests: list[GenerationRequest], n_parallel: int, model_path: Path) -> dict:
-    """xllamacpp alone: one blocking call per request from n_parallel threads."""
+def raw_engine(requests: list[GenerationRequest], n_parallel: int, model_path: Path,
+               constrained: bool = True) -> dict:
+    """xllamacpp alone: one blocking call per request from n_parallel threads; without
+    ``constrained`` the same requests go without their grammar (the answers are then read
+    by the tolerant parser, as the valid share says)."""
     server = open_engine(build_params(model_path, n_parallel=n_parallel, n_ctx=0, threads=0))
-    bodies = [request_body(r, cache_prompt=n_parallel > 1)[1] for r in requests]
+    if not constrained:
+        requests = [replace(r, constraint=None) for r in requests]
+    bodies = [request_body(r, cache_prompt=True)[1] for r in requests]
+    texts: list[str | None] = [None] * len(bodies)
 
-    def call(body: dict) -> tuple[float, int]:
+    def call(i: int) -> tuple[float, int]:
         start = time.perf_counter()
-        response = server.handle_completions(body)
+        response = server.handle_completions(bodies[i])
+        texts[i] = response["choices"][0]["text"]
         return time.perf_counter() - start, int(response["usage"]["completion_tokens"])
 
     with ThreadPoolExecutor(n_parallel) as pool:
-        list(pool.map(call, bodies[:n_parallel]))  # warm-up; the pipeline rows get the same
+        # Warm-up; the pipeline rows get the same.
+        list(pool.map(call, range(min(n_parallel, len(bodies)))))
         start = time.perf_counter()
-        results = list(pool.map(call, bodies))
+        results = list(pool.map(call, range(len(bodies))))
         wall = time.perf_counter() - start
     server = None  # the last reference: ~Server frees the model before the next row
-    return _latency_row("raw engine (xllamacpp, in-process threads)",
-                        np.array([r[0] for r in results]), sum(r[1] for r in results), wall)
+    name = ("raw engine (xllamacpp, in-process threads)" if constrained
+            else "raw engine, no answer grammar")
+    row = _latency_row(name, np.array([r[0] for r in results]), sum(r[1] for r in results),
+                       wall)
+    _, statuses = parse_many(texts, 0, 100)
+    return row | {"valid_share": float(np.mean(statuses == "ok"))}
 
 
 def _pipeline_row(name: str, config: Config, client: Client,
@@ -134,7 +151,10 @@ def run_engine_bench(agents: int, n_parallel: int = 32) -> list[dict]:
             requests = _requests(config)
             warm = requests[:n_parallel]
             with PeakMemory() as mem:
-                row = raw_engine(requests, n_parallel, model) | {"valid_share": None}
+                row = raw_engine(requests, n_parallel, model)
+            rows.append(row | {"peak_rss_gib": mem.peak_gib})
+            with PeakMemory() as mem:
+                row = raw_engine(requests, n_parallel, model, constrained=False)
             rows.append(row | {"peak_rss_gib": mem.peak_gib})
             with PeakMemory() as mem:
                 row = _pipeline_row("pipeline: llamacpp back-end via Dask", config, client, warm)

@@ -194,6 +194,26 @@ def bench_engine(agents: int, parallel: int) -> None:
     click.echo(format_table(run_engine_bench(agents, parallel)))
 
 
+@bench.command("share")
+@click.option("--config", "config_path", default=None, type=click.Path(dir_okay=False),
+              help="Run this config (output goes to a temporary folder) instead of the "
+                   "default: the paper's population as template personas, embedded model.")
+@click.option("--agents", default=1_000_000, show_default=True, type=click.IntRange(min=2),
+              help="Agents (default config only).")
+@click.option("--rounds", default=2, show_default=True, type=click.IntRange(min=1),
+              help="Rounds (default config only).")
+@click.option("--sample", default=64, show_default=True, type=click.IntRange(min=1),
+              help="Agents in the per-agent reference row.")
+@set_option
+def bench_share(config_path: str | None, agents: int, rounds: int, sample: int,
+                overrides: tuple[str, ...]) -> None:
+    """Shared answer distributions vs one call per agent: agents/s, model calls, memory."""
+    from simpipe.bench_share import format_table, run_share_bench  # noqa: PLC0415
+
+    config = _load(config_path, overrides) if config_path else None
+    click.echo(format_table(run_share_bench(config, agents, rounds, sample)))
+
+
 @bench.command("client")
 @click.option("--requests", "n_requests", default=20000, show_default=True,
               type=click.IntRange(min=1))

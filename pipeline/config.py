@@ -90,6 +90,10 @@ class AgentsConfig(SamplingSettings):
     # The most probability mass a shared distribution may leave unseen (tokens beyond the
     # top n a server returns); a prompt above it gets one call per agent instead.
     share_max_unseen: FiniteFloat = Field(1e-4, gt=0, le=0.01)
+    # A prompt is shared when at least this many agents of a partition have it; the others
+    # get one call each, made one at a time so that runs stay reproducible. A shared
+    # distribution costs about as much as five calls (a tree of ~22 one-token probes).
+    share_min_agents: StrictInt = Field(2, ge=1)
     # Per-agent calls one at a time (llamacpp): the same seed gives the same text, at the
     # cost of batching. Shared answers are reproducible without it.
     reproducible: bool = False

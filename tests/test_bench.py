@@ -1,4 +1,4 @@
-"""The ``simpipe bench client`` and ``simpipe bench engine`` commands, end to end, at a size
+"""The ``simpipe bench client``, ``engine`` and ``share`` commands, end to end, at a size
 that runs in seconds: every row present, every request answered. No timing assertions:
 the figures themselves are for the README, measured on an idle machine."""
 
@@ -60,10 +60,33 @@ def test_bench_engine_answers_the_same_prompts_three_ways():
     rows = _bench("engine", "--agents", "8", "--parallel", "4", timeout=600)
     assert [r["engine"] for r in rows] == [
         "raw engine (xllamacpp, in-process threads)",
+        "raw engine, no answer grammar",
         "pipeline: llamacpp back-end via Dask",
         "pipeline: openai back-end -> llama.cpp server",
     ]
     assert all(r["prompts"] == "8" for r in rows)
-    assert [r["valid_share"] for r in rows[1:]] == ["100%", "100%"]
-    assert rows[0]["ratio_to_raw"] == "1.00"
+    # The grammar admits only numbers in range; without it the parser reads what it can.
+    assert [rows[i]["valid_share"] for i in (0, 2, 3)] == ["100%", "100%", "100%"]
+    assert rows[1]["valid_share"].endswith("%")
+    # Every row is timed against the constrained raw engine.
+    assert all(float(r["ratio_to_raw"]) > 0 for r in rows[1:])
     assert all(float(r["peak_rss_gib"]) > 0.1 for r in rows)  # the model is resident
+
+
+@pytest.mark.llm
+@pytest.mark.slow
+def test_bench_share_reports_each_round_and_the_per_agent_reference():
+    rows = _bench("share", "--agents", "60", "--rounds", "2", "--sample", "6", timeout=900)
+    assert [r["case"] for r in rows] == [
+        "shared answers, round 1", "shared answers, round 2",
+        "one call per agent, round 1 (the reference)",
+    ]
+    first, second, reference = rows
+    assert first["agents"] == second["agents"] == "60" and reference["agents"] == "6"
+    # The default population has 10 persona combinations: round 1 has at most 10 prompts.
+    assert 1 <= int(first["distinct_prompts"]) <= 10
+    assert float(first["sharing_factor"]) >= 6.0
+    assert int(second["distinct_prompts"]) > int(first["distinct_prompts"])
+    assert reference["model_calls"] == "6" and reference["distinct_prompts"] != ""
+    assert all(r["valid"] == "100.0%" for r in rows)
+    assert all(float(r["peak_rss_gib"]) > 0.1 for r in rows)

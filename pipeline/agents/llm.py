@@ -16,7 +16,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from simpipe.agents.base import AgentPolicy, Decisions, DecisionStats, Turn, decisions_frame, stored_raw
+from simpipe.agents.base import (
+    AgentPolicy,
+    Decisions,
+    DecisionStats,
+    Turn,
+    decisions_frame,
+    stored_raw,
+)
 from simpipe.agents.shared_answers import (
     SharedAnswers,
     draw_uniforms,
@@ -147,13 +154,17 @@ class LLMAgents(AgentPolicy):
         stats = DecisionStats(prompt_ids=np.unique(np.fromiter(
             (prompt_hash(u) for u in uniques), np.uint64, len(uniques))))
         out = _Answers(n)
-        if self.shared is not None and self.sharing_refusal(game) is None:
+        sharing = self.shared is not None and self.sharing_refusal(game) is None
+        if sharing:
             self._draw_shared(out, codes, list(uniques), seeds, game, stats)
         todo = np.nonzero(~out.shared)[0]
         if todo.size:
             requests = requests_for([prompts[i] for i in todo], seeds[todo], game,
                                     self.sampling)
-            out.fill(todo, run_async(self.backend.generate(requests)))
+            # Beside shared answers (reproducible by construction) the remaining calls are
+            # made reproducible too, so that a whole run is.
+            out.fill(todo, run_async(self.backend.generate(
+                requests, reproducible=sharing or self.sampling.reproducible)))
             stats.model_calls += int(todo.size)
         guesses, statuses = parse_many(out.texts, game.low, game.high, game.prompt == "cot")
         statuses[out.failed] = "error"
@@ -173,6 +184,8 @@ class LLMAgents(AgentPolicy):
         bounds = np.concatenate([[0], np.cumsum(np.bincount(codes, minlength=len(uniques)))])
         for k, prompt in enumerate(uniques):
             members = order[bounds[k]:bounds[k + 1]]
+            if members.size < s.share_min_agents:
+                continue  # cheaper as calls of their own
             found = self.shared.lookup(prompt, settings, s.max_tokens, (game.low, game.high),
                                        s.share_max_unseen)
             stats.model_calls += found.calls

@@ -34,10 +34,7 @@ def backend_class(name: str) -> type[Backend]:
 
 def build_backend(agents: AgentsConfig) -> Backend:
     """The LLM back-end ``agents.backend`` names (not "scripted")."""
-    cls = backend_class(agents.backend)
-    if agents.backend == "llamacpp":
-        return cls(agents.llamacpp, serial=agents.reproducible)  # type: ignore[call-arg]
-    return cls(getattr(agents, agents.backend))  # type: ignore[call-arg]
+    return backend_class(agents.backend)(getattr(agents, agents.backend))  # type: ignore[call-arg]
 
 
 def backend_supports_distributions(agents: AgentsConfig) -> bool:

@@ -101,8 +101,14 @@ class Backend(abc.ABC):
     supports_answer_distributions: bool = False
 
     @abc.abstractmethod
-    async def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
-        """Answer every request; the result list is in request order."""
+    async def generate(self, requests: Sequence[GenerationRequest], *,
+                       reproducible: bool = False) -> list[GenerationResult]:
+        """Answer every request; the result list is in request order.
+
+        ``reproducible``: the same requests give the same texts on every run, where the
+        back-end can promise that (the embedded llama.cpp answers them one at a time); the
+        HTTP back-ends cannot (the servers batch as they like) and ignore it.
+        """
 
     def counters(self) -> dict[str, dict]:
         """Counters per endpoint name since the back-end was created."""

@@ -373,7 +373,8 @@ class HttpBackend(Backend):
     def _decode(self, data: Any, headers: Mapping[str, str]) -> tuple[str, int, int, str | None]:
         raise NotImplementedError
 
-    async def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
+    async def generate(self, requests: Sequence[GenerationRequest], *,
+                       reproducible: bool = False) -> list[GenerationResult]:
         return await self._pool.run(requests, self._encode, self._decode)
 
     def counters(self) -> dict[str, dict]:

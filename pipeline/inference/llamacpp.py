@@ -137,6 +137,11 @@ def build_params(
     params.n_ctx = n_ctx or n_parallel * _CTX_PER_SLOT
     # One KV pool shared by all slots: a long prompt can use what short ones leave free.
     params.kv_unified = True
+    # A full-size cache for sliding-window layers (Gemma 3 has them). Without it llama.cpp
+    # cannot cut a cached prompt back to a shared prefix and evaluates every prompt afresh
+    # (measured with Gemma 3 270M on round-2 prompts: 126 of 129 tokens evaluated per call
+    # instead of 43; 3.5 instead of 5.9 prompts/s, one at a time). Small models' KV is small.
+    params.swa_full = True
     n_threads = threads or default_threads()
     params.cpuparams.n_threads = n_threads
     params.cpuparams_batch.n_threads = n_threads
@@ -428,11 +433,12 @@ class LlamaCppBackend(Backend):
         with self._lock.exclusive():
             yield probe
 
-    async def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
+    async def generate(self, requests: Sequence[GenerationRequest], *,
+                       reproducible: bool = False) -> list[GenerationResult]:
         if self._server is None:
             return [_error("the llama.cpp back-end is closed", 0.0) for _ in requests]
         loop = asyncio.get_running_loop()
-        if self.serial:
+        if self.serial or reproducible:
             results = await loop.run_in_executor(self._pool, self._serial_calls, requests)
         else:
             futures = [

@@ -14,6 +14,7 @@ from simpipe.report.load import ReportInputError, RunData, load_runs, slug
 from simpipe.report.reference import load_references
 
 FLOAT2 = "{:.2f}"
+NOT_SHOWN = "not shown to the agents"
 FORMATS: dict[str, str] = {
     "n": "{:,}", "n_valid": "{:,}", "n_agents": "{:,}", "run_n": "{:,}", "human_n": "{:,}",
     "tokens_in": "{:,}", "tokens_out": "{:,}", "valid_share": "{:.1%}", "wall_s": "{:.1f}",
@@ -114,10 +115,22 @@ def build_report(run_dirs: Sequence[str | Path], out: str | Path | None = None,
                 notes.append(f"{run.label}: no attribute {attribute!r} in its population")
         table = pd.concat([tab.attribute_table(run, attribute) for run in with_attr],
                           ignore_index=True)
+        reach = {run.label: run.reaches_agents(attribute) for run in with_attr}
+        table.insert(1, "reaches_agents", table["run"].map(
+            {label: how or NOT_SHOWN for label, how in reach.items()}))
+        attribute_notes = ["n valid guesses per level and round; 95% Student-t confidence "
+                           "interval of the mean."]
+        hidden = [label for label, how in reach.items() if how is None]
+        title = f"Mean guess by {attribute}"
+        if hidden:
+            if len(hidden) == len(reach):
+                title += f" ({NOT_SHOWN})"
+            attribute_notes.insert(0, (
+                f"{attribute} was {NOT_SHOWN} in {', '.join(hidden)}: no prompt named it and "
+                "no rule used it, so differences between its levels are chance or "
+                "correlation with other attributes, not an effect of it."))
         sections.append(TableSection(
-            f"by_{slug(attribute)}", f"Mean guess by {attribute}", table, attribute=attribute,
-            notes=["n valid guesses per level and round; 95% Student-t confidence interval of "
-                   "the mean."]))
+            f"by_{slug(attribute)}", title, table, attribute=attribute, notes=attribute_notes))
         for run in with_attr:
             name = f"{slug(run.label)}-by-{slug(attribute)}.png"
             figures.append(FigureItem(

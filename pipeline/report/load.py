@@ -20,6 +20,7 @@ from simpipe.integrity import (
     round_problems,
 )
 from simpipe.layout import RunPaths
+from simpipe.personas.config import PopulationConfig
 from simpipe.results import read_ledger, read_rounds, read_summary
 
 # The columns the report needs: never `raw` or `error`, which dominate the bytes on disk.
@@ -59,6 +60,21 @@ class RunData:
         if isinstance(declared, dict):
             return [a for a in declared if a in self.columns]
         return [c for c in self.columns if not c.startswith("persona")]
+
+    def reaches_agents(self, attribute: str) -> str | None:
+        """How ``attribute`` can influence the agents' guesses: "prompt" (their persona text
+        names it), "rules" (scripted agents' depth_shift uses it), or None: it never reached
+        them, so a difference between its levels is chance or correlation, not an effect."""
+        config = self.ledger.get("config") or {}
+        try:
+            population = PopulationConfig.model_validate(config.get("population") or {})
+        except ValueError:
+            return None
+        agents = config.get("agents") or {}
+        if agents.get("backend", "scripted") == "scripted":
+            shifts = (agents.get("scripted") or {}).get("depth_shift") or {}
+            return "rules" if attribute in shifts else None
+        return "prompt" if attribute in population.attributes_in_prompt else None
 
     def attribute_order(self, attribute: str) -> list[str]:
         """The labels of a categorical attribute in the order the config lists them."""

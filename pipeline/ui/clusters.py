@@ -154,6 +154,9 @@ def cluster_down(name: str) -> dict[str, Any]:
         except (CorruptFile, OutsideRoot) as exc:
             raise ClusterBroken(f"{_problem(path, exc)}; nothing was stopped or cancelled: "
                                 f"fix or remove {path} by hand") from None
-        cancelled = lifecycle.down(name)
+        try:
+            cancelled = lifecycle.down(name)
+        except StateError as exc:  # e.g. a manager pid that is not provably this cluster's
+            raise ClusterBroken(str(exc)) from None
         _status_cache.pop(name, None)
     return {"name": name, "down": True, "cancelled_jobs": cancelled}

@@ -48,3 +48,19 @@ def test_default_template_names_every_attribute():
     assert default_template(["age", "home_town"]) == "Your profile: age: {age}; home town: {home_town}."
     frame = pd.DataFrame({"x": [1, 2]})
     assert render_template("no placeholders", frame).to_pylist() == ["no placeholders"] * 2
+
+
+def test_attributes_in_prompt_follow_the_persona_mode() -> None:
+    from simpipe.personas.config import PopulationConfig
+
+    attributes = {"education": {"values": {"a": 1, "b": 1}}, "age": {"min": 18, "max": 80},
+                  "gender": {"values": {"f": 1, "m": 1}}}
+
+    def population(**persona) -> PopulationConfig:
+        return PopulationConfig.model_validate({"attributes": attributes, "persona": persona})
+
+    assert population(mode="none").attributes_in_prompt == []
+    assert population(mode="template", template="You are {gender}, {age}.") \
+        .attributes_in_prompt == ["age", "gender"]  # config order
+    assert population(mode="template").attributes_in_prompt == ["education", "age", "gender"]
+    assert population(mode="llm").attributes_in_prompt == ["education", "age", "gender"]

@@ -273,3 +273,21 @@ def test_page_loads_in_headless_chromium(runs, tmp_path):
     assert errors == []
     assert len(widths) == len(report.figures) and all(w > 0 for w in widths), widths
     assert "First round beside human subjects" in headings and "Runs side by side" in headings
+
+
+def test_breakdowns_by_attributes_the_agents_never_saw_are_marked(runs, dask_client, tmp_path):
+    # Scripted agents whose rules use education (depth_shift) but never age.
+    shifted = small_config(tmp_path, run={"name": "shifted"}, game={"rounds": 2},
+                           agents={"backend": "scripted",
+                                   "scripted": {"depth_shift": {"education": {"Ph.D.": 1.0}}}})
+    run_dir = run_simulation(shifted, client=dask_client).run_dir
+    report = build_report([run_dir, runs["base"]], tmp_path / "out")
+    education, age = report.section("by_education"), report.section("by_age")
+    reach = education.frame.groupby("run")["reaches_agents"].first().to_dict()
+    assert reach == {"shifted": "rules", "base": "not shown to the agents"}
+    assert "not shown to the agents" not in education.title  # one of the runs used it
+    assert any("education was not shown to the agents in base" in n for n in education.notes)
+    assert age.title == "Mean guess by age (not shown to the agents)"
+    assert set(age.frame["reaches_agents"]) == {"not shown to the agents"}
+    page = (tmp_path / "out" / "report.html").read_text()
+    assert "Mean guess by age (not shown to the agents)" in page
