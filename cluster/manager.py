@@ -21,7 +21,7 @@ from distributed import Client
 
 from simpipe.cluster import servers as srv
 from simpipe.cluster import slurm
-from simpipe.cluster.config import ClusterConfig
+from simpipe.cluster.config import SlurmClusterConfig
 from simpipe.cluster.connect import ClusterError, start_workers, slurm_cluster
 from simpipe.cluster.process_identity import own_identity
 from simpipe.cluster.state import update_state, work_dir, worker_job_name
@@ -35,7 +35,7 @@ def _worker_jobs(cluster: Any) -> list[str]:
 
 
 def serve(name: str) -> int:
-    cfg = ClusterConfig.model_validate(
+    cfg = SlurmClusterConfig.model_validate(
         json.loads((work_dir(name) / "cluster.json").read_text(encoding="utf-8")))
     log_dir = str(work_dir(name) / "logs")
     stop = threading.Event()
