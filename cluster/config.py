@@ -192,8 +192,8 @@ class _Cluster(_Section):
             kind = self.model_fields["kind"].default  # type: ignore[index]
             raise ValueError(f'cluster.servers.kind = "{self.servers.kind}" needs cluster.kind = '
                              f'"slurm" (servers run as SLURM jobs); set cluster.servers.kind = '
-                             f'"none" for a {kind} run (emulated servers also run as local '
-                             "processes)")
+                             f'"none" with cluster.kind = "{kind}" (emulated servers also run '
+                             "as local processes)")
         return self
 
 

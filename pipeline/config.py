@@ -300,9 +300,14 @@ def _error_lines(exc: ValidationError, raw: dict) -> list[str]:
             allowed = ", ".join(sorted(names, key=lambda n: n != "kind")) or "see the README"
             # Name the kind where it decided which keys belong (a key of another kind).
             section_key = ".".join(keys[:-1])
-            chosen = "".join(f" for {where}.kind = {kind!r}" for where, kind in kinds
-                             if where == section_key)
-            lines.append(f"unknown key {key!r}{chosen}; allowed here: {allowed}")
+            chosen = [(where, kind) for where, kind in kinds if where == section_key]
+            if chosen:
+                where, kind = chosen[0]
+                lines.append(f"unknown key {key!r} for {where}.kind = {kind!r}; allowed here: "
+                             f"{allowed} (to change the kind with --set, replace the section: "
+                             f"--set '{where}={{kind=\"{kind}\", ...}}')")
+            else:
+                lines.append(f"unknown key {key!r}; allowed here: {allowed}")
         elif err["type"] == KIND_ERROR:
             lines.append(f"{key}.kind = {err['input'].get('kind')!r}: {msg}")
         elif err["type"] == "missing":
