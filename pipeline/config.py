@@ -291,11 +291,11 @@ def apply_override(raw: dict, item: str) -> None:
 def _error_lines(exc: ValidationError, raw: dict) -> list[str]:
     lines = []
     for err in exc.errors(include_url=False):
-        keys, kinds = _key_path(err["loc"])
+        keys, kinds, _ = _walk(err["loc"])
         key = ".".join(keys) or "(top level)"
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
-            section = _model_at(err["loc"][:-1])
+            section = _walk(err["loc"][:-1])[2]
             names = list(section.model_fields) if section else []
             allowed = ", ".join(sorted(names, key=lambda n: n != "kind")) or "see the README"
             # Name the kind where it decided which keys belong (a key of another kind).
@@ -324,9 +324,10 @@ def _error_lines(exc: ValidationError, raw: dict) -> list[str]:
 _MEMBER_NAMES = ("CategoricalAttribute", "IntegerAttribute", "ConditionalAttribute")
 
 
-def _key_path(loc: tuple) -> tuple[list[str], list[tuple[str, str]]]:
-    """An error location as the user's key path, and the ``(section, kind)`` of each tagged
-    union (``[cluster]``) it went through: pydantic puts the chosen kind in the location."""
+def _walk(loc: tuple) -> tuple[list[str], list[tuple[str, str]], type[BaseModel] | None]:
+    """An error location as the user's key path, the ``(section, kind)`` of each tagged
+    union (``[cluster]``) on the way (pydantic puts the chosen kind in the location), and
+    the section model it ends in (None inside a dict or a list)."""
     keys: list[str] = []
     kinds: list[tuple[str, str]] = []
     model: type[BaseModel] | None = Config
@@ -345,32 +346,11 @@ def _key_path(loc: tuple) -> tuple[list[str], list[tuple[str, str]]]:
             model = members[parts[i]]
             i += 1
         elif field is not None and isinstance(field.annotation, type) \
-                and issubclass(field.annotation, BaseModel):
+                and issubclass(field.annotation, BaseModel) and not members:
             model = field.annotation
         else:
             model = None
-    return keys, kinds
-
-
-def _model_at(loc: tuple) -> type[BaseModel] | None:
-    """The section model an error location points into (None for a dict or a list)."""
-    model: type[BaseModel] | None = Config
-    parts = [str(p) for p in loc]
-    i = 0
-    while i < len(parts) and model is not None:
-        field = model.model_fields.get(parts[i])
-        i += 1
-        if field is None:
-            return None
-        members = _tagged_members(field.annotation)
-        if members:
-            model = members.get(parts[i]) if i < len(parts) else None
-            i += 1
-        elif isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
-            model = field.annotation
-        else:
-            model = None
-    return model
+    return keys, kinds, model
 
 
 def _tagged_members(annotation: Any) -> dict[str, type[BaseModel]]:
