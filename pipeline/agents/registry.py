@@ -22,6 +22,7 @@ from distributed.core import Status
 
 from simpipe.agents.base import AgentPolicy
 from simpipe.aio import process_loop
+from simpipe.backends import BACKENDS
 from simpipe.config import AgentsConfig
 from simpipe.inference.base import Backend, GenerationRequest
 
@@ -34,8 +35,6 @@ _engines: dict[str, Backend] = {}
 
 def backend_class(name: str) -> type[Backend]:
     """The engine class of the LLM back-end ``name`` (importing it loads no model)."""
-    from simpipe.backends import BACKENDS  # noqa: PLC0415 - simpipe.config imports it first
-
     plugin = BACKENDS.get(name)
     if plugin is None or not plugin.is_llm:
         raise ValueError(f"agents.backend = {name!r} is not an LLM back-end")
