@@ -156,9 +156,14 @@ def server_cpu_s(urls: list[str]) -> float:
 
 @dataclass
 class _RoundUsage:
-    pipeline_cpu_s: float = 0.0
+    workers_cpu_s: float = 0.0  # worker processes and their nannies
+    client_cpu_s: float = 0.0  # this process: client, scheduler, reduce, run.json
     server_cpu_s: float = 0.0
     worker_rss: int = 0
+
+    @property
+    def pipeline_cpu_s(self) -> float:
+        return self.workers_cpu_s + self.client_cpu_s
 
 
 @dataclass
@@ -169,25 +174,29 @@ class FleetObserver(RoundObserver):
     urls: list[str]
     on_first_round: Callable[[], None] | None = None
     usage: dict[int, _RoundUsage] = field(default_factory=dict)
-    _start: tuple[float, float] = (0.0, 0.0)
+    _start: tuple[float, float, float] = (0.0, 0.0, 0.0)
 
-    def _pipeline(self) -> tuple[float, int]:
+    def _pipeline(self) -> tuple[float, float, int]:
+        """(workers' and nannies' CPU, this process's CPU, the largest worker peak RSS)."""
         workers = self.client.run(process_usage)
         nannies = self.client.run(process_usage, nanny=True)
         cpu = sum(c for c, _ in workers.values()) + sum(c for c, _ in nannies.values())
-        return cpu + process_usage()[0], max((r for _, r in workers.values()), default=0)
+        rss = max((r for _, r in workers.values()), default=0)
+        return cpu, process_usage()[0], rss
 
     def round_started(self, round_index: int) -> None:
         servers = server_cpu_s(self.urls)
-        self._start = (self._pipeline()[0], servers)  # the pipeline's last: nearest the round
+        workers, client, _ = self._pipeline()  # the pipeline's last: nearest the round
+        self._start = (workers, client, servers)
         if self.on_first_round is not None:
             self.on_first_round()
             self.on_first_round = None
 
     def round_finished(self, round_index: int, record: dict) -> None:
-        cpu, rss = self._pipeline()
+        workers, client, rss = self._pipeline()
         servers = server_cpu_s(self.urls)
-        self.usage[round_index] = _RoundUsage(cpu - self._start[0], servers - self._start[1], rss)
+        w0, c0, s0 = self._start
+        self.usage[round_index] = _RoundUsage(workers - w0, client - c0, servers - s0, rss)
 
 
 # --- one case -------------------------------------------------------------------------------
@@ -289,6 +298,7 @@ def _rows(case: FleetCase, ledger: dict, stats: list, usage: dict[int, _RoundUsa
             "wall_over_ideal": wall / ideal if ideal else None, "fleet_busy": busy,
             "pipeline_cpu_s_per_1k": 1000 * use.pipeline_cpu_s / n if n else None,
             "pipeline_cores": use.pipeline_cpu_s / wall if wall else None,
+            "client_cpu_s_per_1k": 1000 * use.client_cpu_s / n if n else None,
             "server_cpu_s_per_1k": 1000 * use.server_cpu_s / n if n else None,
             "worker_rss_gib": use.worker_rss / 2**30,
         })
@@ -298,7 +308,8 @@ def _rows(case: FleetCase, ledger: dict, stats: list, usage: dict[int, _RoundUsa
 FORMATS = {
     "agents": "{:,}", "wall_s": "{:.2f}", "agents_per_s": "{:,.0f}", "ideal_s": "{:.2f}",
     "wall_over_ideal": "{:.3f}", "fleet_busy": "{:.3f}", "pipeline_cpu_s_per_1k": "{:.3f}",
-    "pipeline_cores": "{:.2f}", "server_cpu_s_per_1k": "{:.3f}", "worker_rss_gib": "{:.2f}",
+    "pipeline_cores": "{:.2f}", "client_cpu_s_per_1k": "{:.3f}",
+    "server_cpu_s_per_1k": "{:.3f}", "worker_rss_gib": "{:.2f}",
     "round_s": "{:.2f}", "ratio_to_1_node": "{:.3f}",
 }
 
