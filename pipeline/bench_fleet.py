@@ -10,6 +10,9 @@ node), TGI's protocol (``agents.backend = "tgi"``). One row per round:
   perfectly fed, balanced fleet (``fleet_window``: work / GPUs), in real seconds at the
   time scale; ``wall_over_ideal`` = ``wall_s / ideal_s``;
 - ``fleet_busy``: the share of the round (GPU time) the emulated GPUs had a running sequence;
+- ``ramp_s`` / ``tail_s``: per GPU (mean, real seconds), from the round's start to its first
+  running sequence, and from the last moment it had requests waiting to the round's end
+  (``fleet_edges``): where a round barrier leaves the fleet underfed;
 - ``pipeline_cpu_s_per_1k``: CPU seconds per 1,000 agents of the processes that are the
   pipeline: every Dask worker process and its nanny (read with ``client.run``) and this
   process (the client: scheduler, graph, reduce, run.json), between the round's start and
@@ -44,14 +47,19 @@ import psutil
 
 from simpipe.cluster import servers as srv
 from simpipe.cluster import slurm
+from simpipe.cluster.endpoints import emulate_node
 from simpipe.config import Config, config_from_dict
 from simpipe.console import Console
-from simpipe.estimate import STATS_PATH, fetch_stats, fleet_window
+from simpipe.estimate import STATS_PATH, fetch_stats, fleet_edges, fleet_window
 from simpipe.runner import RoundObserver, run_simulation
 from simpipe.tables import markdown_table
 
 DEFAULT_PORT = 19300
 WEAK_NODES = (1, 2, 4)
+
+
+class FleetError(ValueError):
+    """A bench option that cannot work; the message names the option."""
 
 
 @dataclass(frozen=True)
@@ -70,6 +78,17 @@ class FleetCase:
     port: int = 0  # the first server's port; 0: the first free range from DEFAULT_PORT
     kill_server_at: float | None = None  # seconds after the first round starts
 
+    def __post_init__(self) -> None:
+        from simpipe.cluster.config import memory_amount  # noqa: PLC0415
+        from simpipe.inference.emulator_profiles import get_profile  # noqa: PLC0415
+
+        for option, check, value in (("--profile", get_profile, self.profile),
+                                     ("--worker-memory", memory_amount, self.worker_memory)):
+            try:
+                check(value)
+            except ValueError as exc:
+                raise FleetError(f"{option} {value}: {exc}") from None
+
     @property
     def n_partitions(self) -> int:
         if self.partitions:
@@ -79,7 +98,15 @@ class FleetCase:
 
     @property
     def concurrency(self) -> int:
-        return self.max_concurrency or 256
+        """256 in flight per endpoint per worker kept an A100-profile GPU busy (0.97-0.98)
+        as well as 512 did, at less CPU; fewer when every worker could hit one server with
+        all of its requests and together pass its 429 limit."""
+        if self.max_concurrency:
+            return self.max_concurrency
+        from simpipe.inference.emulator_profiles import get_profile  # noqa: PLC0415
+
+        limit = get_profile(self.profile).max_concurrent_requests
+        return max(1, min(256, limit // (self.nodes * self.workers)))
 
 
 def fleet_config(case: FleetCase, output_dir: Path, port: int) -> Config:
@@ -99,7 +126,11 @@ def fleet_config(case: FleetCase, output_dir: Path, port: int) -> Config:
         "cluster": {
             "kind": "slurm", "jobs": case.nodes * case.workers, "cores": case.threads,
             "processes": 1, "memory": case.worker_memory, "walltime": "04:00:00",
-            "interface": "lo", "dashboard_address": "",
+            "interface": "lo", "dashboard_address": "", "start_timeout_s": 180,
+            # A worker's threads mostly wait on its one event loop: book one CPU per worker
+            # job (sbatch takes the last --cpus-per-task), so 4 nodes' jobs fit the local
+            # SLURM's 2 CPUs x 4 shares.
+            "job_extra_directives": ["--cpus-per-task=1"],
             "servers": {
                 "kind": "emulated", "nodes": case.nodes, "per_node": case.gpus,
                 "memory": "1GB", "port": port, "startup_timeout_s": 180,
@@ -123,6 +154,8 @@ def free_port_range(count: int, start: int = DEFAULT_PORT) -> int:
 
 def _port_free(port: int) -> bool:
     with socket.socket() as sock:
+        # As a server binds (asyncio sets it): a port an ended run left in TIME_WAIT is free.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind(("0.0.0.0", port))
         except OSError:
@@ -239,6 +272,8 @@ def run_fleet_case(case: FleetCase, workdir: Path,
         config = config_from_dict(raw)
         kill = KillReport() if case.kill_server_at is not None else None
         with make_client(config.cluster) as client:
+            if case.nodes > 1:
+                pin_nodes(client, servers, case.workers)
             started = [0.0]
             timer: threading.Timer | None = None
 
@@ -267,6 +302,18 @@ def run_fleet_case(case: FleetCase, workdir: Path,
     return CaseResult(case, rows, result.run_dir, ledger, kill, problems)
 
 
+def pin_nodes(client: Any, servers: list[srv.Server], workers_per_node: int) -> None:
+    """Each worker process gets an emulated node: node ``j`` is server job ``j`` and the
+    ``j``-th ``workers_per_node`` workers; a worker prefers its node's servers."""
+    nodes: dict[str, list[str]] = {}
+    for server in servers:  # in launch order: job j holds node j's servers
+        nodes.setdefault(server.job_id, []).append(server.url)
+    urls = list(nodes.values())
+    for k, address in enumerate(sorted(client.scheduler_info(n_workers=-1)["workers"])):
+        client.run(emulate_node, urls[min(k // workers_per_node, len(urls) - 1)],
+                   workers=[address])
+
+
 def _kill(job_id: str, report: KillReport, started: list[float]) -> None:
     report.at_s = time.time() - started[0]
     slurm.cancel([job_id])
@@ -290,12 +337,16 @@ def _rows(case: FleetCase, ledger: dict, stats: list, usage: dict[int, _RoundUsa
         ideal = sum(window["work_s"]) / gpus_read / case.time_scale if gpus_read else 0.0
         busy = (sum(window["busy_s"]) / (gpus_read * wall * case.time_scale)
                 if gpus_read and wall else 0.0)
+        edges = fleet_edges(stats, rec["started_at"], rec["started_at"] + wall)
+        ramp, tail = (sum(v) / len(v) / case.time_scale if v else None
+                      for v in (edges["ramp_s"], edges["tail_s"]))
         use = usage.get(r, _RoundUsage())
         rows.append({
             "nodes": case.nodes, "gpus": case.nodes * case.gpus, "round": r + 1, "agents": n,
             "errors": int(rec.get("n_error", 0)), "wall_s": wall,
             "agents_per_s": n / wall if wall else None, "ideal_s": ideal,
             "wall_over_ideal": wall / ideal if ideal else None, "fleet_busy": busy,
+            "ramp_s": ramp, "tail_s": tail,
             "pipeline_cpu_s_per_1k": 1000 * use.pipeline_cpu_s / n if n else None,
             "pipeline_cores": use.pipeline_cpu_s / wall if wall else None,
             "client_cpu_s_per_1k": 1000 * use.client_cpu_s / n if n else None,
@@ -310,7 +361,7 @@ FORMATS = {
     "wall_over_ideal": "{:.3f}", "fleet_busy": "{:.3f}", "pipeline_cpu_s_per_1k": "{:.3f}",
     "pipeline_cores": "{:.2f}", "client_cpu_s_per_1k": "{:.3f}",
     "server_cpu_s_per_1k": "{:.3f}", "worker_rss_gib": "{:.2f}",
-    "round_s": "{:.2f}", "ratio_to_1_node": "{:.3f}",
+    "round_s": "{:.2f}", "ratio_to_1_node": "{:.3f}", "ramp_s": "{:.2f}", "tail_s": "{:.2f}",
 }
 
 
@@ -419,8 +470,8 @@ def run_bench(case: FleetCase, *, weak_scaling: bool = False, agents_per_gpu: in
 
 
 def bench_errors() -> tuple[type[Exception], ...]:
-    """What the command reports as one line: configuration, SLURM, servers, cluster."""
+    """What the command reports as one line: options, configuration, SLURM, servers, cluster."""
     from simpipe.cluster.connect import ClusterError  # noqa: PLC0415
     from simpipe.config import ConfigError  # noqa: PLC0415
 
-    return (ConfigError, slurm.SlurmError, srv.ServerError, ClusterError)
+    return (FleetError, ConfigError, slurm.SlurmError, srv.ServerError, ClusterError)

@@ -221,9 +221,9 @@ def bench_fleet(agents: int, rounds: int, nodes: int, gpus: int, profile: str,
     SLURM jobs; per round: wall time, the fleet's ideal time and busy share, pipeline CPU."""
     from simpipe.bench_fleet import FleetCase, bench_errors, run_bench  # noqa: PLC0415
 
-    case = FleetCase(agents, rounds, nodes, gpus, profile, time_scale, workers, threads,
-                     partitions, max_concurrency, worker_memory, port, kill_server_at)
     try:
+        case = FleetCase(agents, rounds, nodes, gpus, profile, time_scale, workers, threads,
+                         partitions, max_concurrency, worker_memory, port, kill_server_at)
         run_bench(case, weak_scaling=weak_scaling, agents_per_gpu=agents_per_gpu, keep=keep,
                   echo=click.echo, log=lambda line: click.echo(line, err=True))
     except bench_errors() as exc:
