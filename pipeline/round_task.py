@@ -94,7 +94,7 @@ def play_partition(job: PartitionJob, winning: np.ndarray) -> PartitionOutcome:
     )
     # A partition's agents are hundreds of thousands of containers (histories, answers,
     # coroutine frames) that reference counting frees; collections in between only walk
-    # them (measured: 17 % of a worker's CPU for LLM agents).
+    # them (measured: 12-16 % of a partition's CPU for LLM agents).
     with gc_paused():
         decisions = policy.decide(agents, turn)
     rows = pd.concat(
