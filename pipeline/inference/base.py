@@ -141,6 +141,13 @@ class Backend(abc.ABC):
     async def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
         """Answer every request; the result list is in request order."""
 
+    def counters(self) -> dict[str, dict]:
+        """Counters per endpoint name since the back-end was created."""
+        return {}
+
+    async def aclose(self) -> None:
+        """Release sessions, servers and models."""
+
     async def generate_many(self, distinct: Sequence[GenerationRequest], codes: np.ndarray,
                             seeds: np.ndarray) -> AnswerColumns:
         """One answer per agent ``i``: request ``distinct[codes[i]]`` with seed ``seeds[i]``.
@@ -152,10 +159,3 @@ class Backend(abc.ABC):
         requests = [dataclasses.replace(distinct[c], seed=s)
                     for c, s in zip(codes.tolist(), seeds.tolist(), strict=True)]
         return AnswerColumns.of(await self.generate(requests))
-
-    def counters(self) -> dict[str, dict]:
-        """Counters per endpoint name since the back-end was created."""
-        return {}
-
-    async def aclose(self) -> None:
-        """Release sessions, servers and models."""

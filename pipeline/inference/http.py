@@ -457,10 +457,6 @@ class HttpBackend(Backend):
     async def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
         return await self._pool.run(requests, self._encode, self._decode)
 
-    async def generate_many(self, distinct: Sequence[GenerationRequest], codes: np.ndarray,
-                            seeds: np.ndarray) -> AnswerColumns:
-        return await self._pool.run_many(distinct, codes, seeds, self._encode, self._decode)
-
     def counters(self) -> dict[str, dict]:
         return self._pool.counters()
 
@@ -470,3 +466,7 @@ class HttpBackend(Backend):
 
     async def aclose(self) -> None:
         await self._pool.aclose()
+
+    async def generate_many(self, distinct: Sequence[GenerationRequest], codes: np.ndarray,
+                            seeds: np.ndarray) -> AnswerColumns:
+        return await self._pool.run_many(distinct, codes, seeds, self._encode, self._decode)
