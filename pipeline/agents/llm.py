@@ -189,7 +189,7 @@ class LLMAgents(AgentPolicy):
             (prompt_hash(u) for u in uniques), np.uint64, len(uniques))))
         out = _Answers(n)
         if self.shared is not None and self.sharing_refusal(game) is None:
-            self._draw_shared(out, codes, uniques, seeds, game, stats)
+            self._draw_shared(out, codes, list(uniques), seeds, game, stats)
         todo = np.nonzero(~out.shared)[0]
         if todo.size:
             # One request per distinct prompt; each agent's differs only by its seed.
