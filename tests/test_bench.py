@@ -57,6 +57,7 @@ def test_bench_client_refuses_nonsense_sizes():
 @pytest.mark.parametrize(("option", "value", "says"), [
     ("--profile", "h200", "--profile h200: unknown emulator profile 'h200'; known:"),
     ("--worker-memory", "lots", "--worker-memory lots: expected an amount of memory"),
+    ("--kill-server-at", "5", "--kill-server-at needs --nodes 2 or more"),
 ])
 def test_bench_fleet_refuses_a_bad_option_in_one_line_before_starting_anything(option, value,
                                                                                says):
