@@ -61,6 +61,17 @@ class RunCancelled(SimpipeError, RuntimeError):
         return []  # the run has said it on the console and in run.log, with how to resume
 
 
+class RoundObserver:
+    """Told when each round played in this invocation starts and ends (benchmarks measure
+    per-round CPU and memory with it); does nothing unless a subclass says otherwise."""
+
+    def round_started(self, round_index: int) -> None:
+        """Right before the round's tasks are submitted."""
+
+    def round_finished(self, round_index: int, record: dict) -> None:
+        """Right after the round is reduced and recorded; ``record`` is its run.json entry."""
+
+
 @dataclass
 class RunResult:
     run_dir: Path
@@ -85,29 +96,32 @@ def _client_for(config: Config, client: Client | None) -> Iterator[Client]:
 
 def run_simulation(config: Config, *, resume: bool = False, force: bool = False,
                    client: Client | None = None, console: Console | None = None,
-                   emulate: bool = False, cluster_name: str | None = None) -> RunResult:
+                   observer: RoundObserver | None = None, emulate: bool = False,
+                   cluster_name: str | None = None) -> RunResult:
     """Run (or resume) the configured simulation and return its summary, as ``simpipe run``
     does (``simpipe.orchestration``): ``[cluster.servers]`` are started for this run and
     stopped at its end; ``emulate`` is ``--emulate`` (a dry run with emulated GPU servers,
     results in ``<run.name>-emulated``), ``cluster_name`` is ``--cluster NAME`` (a cluster
-    from ``simpipe cluster up``, its servers too).
+    from ``simpipe cluster up``, its servers too). ``observer`` is told when each round
+    starts and ends.
 
     With ``client``, the caller owns the cluster, workers and servers alike: nothing is
     started and the config's endpoints are used as they are.
     """
     console = console or Console()
+    observer = observer or RoundObserver()
     if client is not None and (emulate or cluster_name):
         raise SimpipeError("run_simulation: client= runs on your own cluster, which emulate= "
                            "and cluster_name= would replace; pass one or the other")
     if client is not None:
-        return _run(config, resume, force, client, console)
+        return _run(config, resume, force, client, console, observer)
     with run_config(config, emulate=emulate, cluster_name=cluster_name,
                     console=console) as ready:
-        return _run(ready, resume, force, None, console)
+        return _run(ready, resume, force, None, console, observer)
 
 
 def _run(config: Config, resume: bool, force: bool, client: Client | None,
-         console: Console) -> RunResult:
+         console: Console, observer: RoundObserver) -> RunResult:
     paths = RunPaths(config.run_dir)
     if not force:
         _check_ledger(paths)
@@ -124,7 +138,7 @@ def _run(config: Config, resume: bool, force: bool, client: Client | None,
             # pid and host let a watcher (simpipe ui) tell a live run from a dead one.
             ledger.set_state("running", scheduler=dask_client.scheduler.address,
                              pid=os.getpid(), host=socket.gethostname())
-            result = _run_rounds(dask_client, config, paths, ledger, console)
+            result = _run_rounds(dask_client, config, paths, ledger, console, observer)
             report_estimate(config, ledger, console)  # emulated servers only: the real run
     except RunCancelled:
         ledger.set_state("interrupted")
@@ -147,7 +161,7 @@ def _run(config: Config, resume: bool, force: bool, client: Client | None,
 
 
 def _run_rounds(client: Client, config: Config, paths: RunPaths, ledger: Ledger,
-                console: Console) -> RunResult:
+                console: Console, observer: RoundObserver) -> RunResult:
     t0 = time.perf_counter()
     bar = console.progress(config.population.n_partitions, "population")
     ensure_population(client, config, paths, on_progress=lambda done, n: bar.update(1),
@@ -172,6 +186,7 @@ def _run_rounds(client: Client, config: Config, paths: RunPaths, ledger: Ledger,
         if paths.cancel_flag.exists():
             raise RunCancelled(str(paths.root))
         winning = _winning_table(summary, int(groups.max()) + 1 if size else 1, r)
+        observer.round_started(r)
         t_round = time.perf_counter()
         started_at = time.time()  # on the clock emulated servers' stats are aligned to
         outcomes = _play_round(client, config, paths, ledger, console, r, groups, bounds, winning,
@@ -184,6 +199,7 @@ def _run_rounds(client: Client, config: Config, paths: RunPaths, ledger: Ledger,
         round_times.append(elapsed)
         record = _round_record(rows, outcomes, elapsed, started_at)
         ledger.record_round(r, record)
+        observer.round_finished(r, record)
         counters.update()
         console.line(_round_line(config, r, rows, record))
         problem = next((o.stats.problem for o in outcomes if o.stats.problem), None)
