@@ -391,9 +391,14 @@ class _CounterWatch:
         for worker, now in self.client.run(process_counters).items():
             then = self.start.get(worker, {})
             for name, values in now.items():
+                delta = {key: value - then.get(name, {}).get(key, 0)
+                         for key, value in values.items()}
+                if name not in total and not any(delta.values()):
+                    # A back-end an earlier run left in a shared worker, idle in this one.
+                    continue
                 slot = total.setdefault(name, {})
-                for key, value in values.items():
-                    slot[key] = slot.get(key, 0) + value - then.get(name, {}).get(key, 0)
+                for key, value in delta.items():
+                    slot[key] = slot.get(key, 0) + value
         self.ledger.data["endpoints"] = total
         self.ledger.save()
 
