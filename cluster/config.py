@@ -8,6 +8,7 @@ union, discriminated on ``kind``.
 from __future__ import annotations
 
 import importlib
+import math
 import re
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -56,15 +57,32 @@ def duration_seconds(text: str) -> float:
     return value * {"s": 1, "m": 60, "h": 3600, "d": 86400}[unit]
 
 
-def memory_amount(text: str) -> str:
-    """An amount of memory such as ``"4GiB"`` or ``"2GB"``, unchanged; ValueError otherwise."""
+def memory_bytes(text: str) -> int:
+    """A positive amount of memory as Dask reads it (``dask.utils.parse_bytes``: ``"4GiB"`` is
+    4 x 2**30 bytes, ``"2GB"`` 2 x 10**9, ``"5e9"`` and ``"512 MB"`` too); ValueError
+    otherwise."""
     try:
         amount = parse_bytes(text) if text.strip() else 0
     except (ValueError, OverflowError):
         amount = 0
     if amount <= 0:
         raise ValueError("expected an amount of memory such as \"4GiB\", \"2GB\" or \"512MB\"")
+    return amount
+
+
+def memory_amount(text: str) -> str:
+    """An amount of memory (see ``memory_bytes``), unchanged; ValueError otherwise."""
+    memory_bytes(text)
     return text
+
+
+def memory_mib(text: str, key: str) -> int:
+    """An amount of memory in MiB, the unit of SLURM's ``--mem``, rounded up: a job gets at
+    least the bytes Dask reads from the same text. ValueError naming ``key`` otherwise."""
+    try:
+        return math.ceil(memory_bytes(text) / 2**20)
+    except ValueError as exc:
+        raise ValueError(f"{key} = {text!r}: {exc}") from None
 
 
 class _Section(BaseModel):

@@ -1,8 +1,12 @@
-"""Persistent clusters on disk: ``$SIMPIPE_HOME/clusters/<name>.json`` (default
-``~/.simpipe/clusters``), written by the manager process of ``simpipe cluster up``.
+"""Persistent clusters on disk, under ``$SIMPIPE_HOME/clusters/`` (default
+``~/.simpipe/clusters``); the only module that spells these paths:
 
-The file is what other commands need to find and reuse the cluster: the scheduler address,
-the SLURM job names and ids, the server endpoints, the manager's pid.
+- ``<name>.json``, the state, written by the manager process of ``simpipe cluster up``: what
+  other commands need to find and reuse the cluster (the scheduler address, the SLURM job
+  names and ids, the server endpoints, the manager's identity);
+- ``<name>/cluster.json``, the ``[cluster]`` section the cluster was started with (the
+  manager builds the cluster from it; status probes and runs read its servers' settings);
+- ``<name>/manager.log`` and ``<name>/logs/``, the manager's output and its jobs' logs.
 """
 
 from __future__ import annotations
@@ -13,6 +17,9 @@ import re
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
+from simpipe.cluster.config import SlurmClusterConfig
 from simpipe.cluster.process_identity import is_process_id
 from simpipe.errors import SimpipeError
 
@@ -24,7 +31,9 @@ class StateError(SimpipeError, RuntimeError):
 
 
 def simpipe_home() -> Path:
-    return Path(os.environ.get("SIMPIPE_HOME") or Path.home() / ".simpipe")
+    """``$SIMPIPE_HOME`` (``~`` expanded), or ``~/.simpipe`` when unset or empty: the
+    clusters here, and the embedded model (``simpipe.inference.llamacpp``)."""
+    return Path(os.environ.get("SIMPIPE_HOME") or "~/.simpipe").expanduser()
 
 
 def clusters_dir() -> Path:
@@ -42,9 +51,48 @@ def state_path(name: str) -> Path:
     return clusters_dir() / f"{check_name(name)}.json"
 
 
-def work_dir(name: str) -> Path:
+def _work_dir(name: str) -> Path:
     """Logs and the cluster section the manager reads."""
     return clusters_dir() / check_name(name)
+
+
+def section_path(name: str) -> Path:
+    """The ``[cluster]`` section cluster ``name`` was started with."""
+    return _work_dir(name) / "cluster.json"
+
+
+def manager_log(name: str) -> Path:
+    return _work_dir(name) / "manager.log"
+
+
+def job_log_dir(name: str) -> Path:
+    """Where the cluster's SLURM jobs write their output (unless cluster.log_directory)."""
+    return _work_dir(name) / "logs"
+
+
+def write_section(name: str, cluster: SlurmClusterConfig) -> None:
+    """Keep the section for the manager; the work folder and its logs folder are created."""
+    job_log_dir(name).mkdir(parents=True, exist_ok=True)
+    section_path(name).write_text(cluster.model_dump_json(), encoding="utf-8")
+
+
+def read_section(name: str) -> SlurmClusterConfig:
+    """The section ``write_section`` kept; StateError naming the file when it is missing or
+    is not a SLURM cluster section."""
+    path = section_path(name)
+    try:
+        return SlurmClusterConfig.model_validate_json(path.read_bytes())
+    except FileNotFoundError:
+        problem = "missing"
+    except OSError as exc:
+        problem = f"unreadable ({exc.strerror or exc})"
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"])
+        problem = ("not the [cluster] section of a SLURM cluster "
+                   f"({f'{where}: ' if where else ''}{err['msg']})")
+    raise StateError(f"{path}: {problem}; `simpipe cluster down {name}` cleans the cluster up, "
+                     f"then `simpipe cluster up CONFIG --name {name}` starts it again")
 
 
 def read_state(name: str) -> dict[str, Any]:

@@ -54,11 +54,15 @@ def on_cluster(config: Config, name: str, *, emulate: bool = False) -> Config:
     scheduler, and its healthy servers as ``agents.<backend>.endpoints``. The rest of
     ``[cluster]`` described that cluster when it was started; only emulated servers stay
     (the estimate of the real run is made from them)."""
-    from simpipe.cluster.lifecycle import servers_config  # noqa: PLC0415
-    from simpipe.cluster.state import StateError, read_state, run_target  # noqa: PLC0415
+    from simpipe.cluster.state import (  # noqa: PLC0415
+        StateError,
+        read_section,
+        read_state,
+        run_target,
+    )
 
     state = read_state(name)
-    if servers_config(name).kind == "emulated" and not emulate:
+    if read_section(name).servers.kind == "emulated" and not emulate:
         raise StateError(f"cluster {name!r} serves emulated GPUs: add --emulate "
                          "(its results then go to <run.name>-emulated)")
     scheduler, endpoints = run_target(state, config.agents.backend)
