@@ -202,8 +202,8 @@ def request_body(req: GenerationRequest, cache_prompt: bool) -> tuple[bool, dict
     if req.stop:
         body["stop"] = list(req.stop)
     if req.constraint is not None:
-        # llama.cpp's JSON-schema conversion ignores minimum/maximum (FACTS.md), so a
-        # hand-written grammar wins whenever there is one.
+        # llama.cpp's own JSON-schema converter ignores a number's minimum/maximum
+        # (docs/measurements.md), so a hand-written grammar wins whenever there is one.
         if req.constraint.gbnf:
             body["grammar"] = req.constraint.gbnf
         elif req.constraint.json_schema is not None:
