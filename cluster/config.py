@@ -17,6 +17,7 @@ from typing import Annotated, Any, ClassVar, Literal, Union
 
 from dask.utils import parse_bytes
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -74,6 +75,19 @@ def memory_amount(text: str) -> str:
     """An amount of memory (see ``memory_bytes``), unchanged; ValueError otherwise."""
     memory_bytes(text)
     return text
+
+
+def walltime_text(text: str) -> str:
+    """A SLURM time limit (see ``walltime_seconds``), unchanged; ValueError otherwise."""
+    walltime_seconds(text)
+    return text
+
+
+# Config field types: the value as written, checked when the config is read.
+MemoryAmount = Annotated[str, AfterValidator(memory_amount)]
+Walltime = Annotated[str, AfterValidator(walltime_text)]
+# "" means: the default the field's comment names.
+WalltimeOrDefault = Annotated[str, AfterValidator(lambda text: text and walltime_text(text))]
 
 
 def memory_mib(text: str, key: str) -> int:
@@ -139,8 +153,8 @@ class ServersConfig(_Section):
     per_node: StrictInt = Field(1, ge=1)  # servers per node: one per GPU on GPU nodes
     gpus_per_server: StrictInt = Field(0, ge=0)
     cpus_per_server: StrictInt = Field(1, ge=1)
-    memory: str = "4GB"  # per server job
-    walltime: str = ""  # "" = cluster.walltime
+    memory: MemoryAmount = "4GB"  # per server job
+    walltime: WalltimeOrDefault = ""  # "" = cluster.walltime
     port: StrictInt = Field(8300, ge=1, le=65535)  # server i listens on port + i
     host: str = "0.0.0.0"  # bind address on the node
     container: Literal["none", "apptainer", "singularity"] = "none"
@@ -152,18 +166,6 @@ class ServersConfig(_Section):
     job_extra_directives: list[str] = Field(default_factory=list)
     job_script_prologue: list[str] = Field(default_factory=list)
     emulated: EmulatedServersConfig = EmulatedServersConfig()
-
-    @field_validator("walltime")
-    @classmethod
-    def _walltime(cls, value: str) -> str:
-        if value:
-            walltime_seconds(value)
-        return value
-
-    @field_validator("memory")
-    @classmethod
-    def _memory(cls, value: str) -> str:
-        return memory_amount(value)
 
     @model_validator(mode="after")
     def _consistent(self) -> "ServersConfig":
@@ -266,9 +268,9 @@ class SlurmClusterConfig(_WithDashboard):
     kind: Literal["slurm"] = "slurm"
     queue: str | None = None
     account: str | None = None
-    walltime: str = "01:00:00"
+    walltime: Walltime = "01:00:00"
     cores: StrictInt = Field(1, ge=1)
-    memory: str = "2GB"
+    memory: MemoryAmount = "2GB"
     processes: StrictInt = Field(1, ge=1)
     jobs: StrictInt | None = Field(None, ge=0)  # fixed job count (default 1 unless adapt is set)
     adapt: AdaptConfig | None = None
@@ -284,17 +286,6 @@ class SlurmClusterConfig(_WithDashboard):
     # "none": no lifetime; or a duration such as "55m"
     worker_lifetime: str = "auto"
     worker_lifetime_stagger: str = "auto"
-
-    @field_validator("walltime")
-    @classmethod
-    def _walltime(cls, value: str) -> str:
-        walltime_seconds(value)
-        return value
-
-    @field_validator("memory")
-    @classmethod
-    def _memory(cls, value: str) -> str:
-        return memory_amount(value)
 
     @model_validator(mode="after")
     def _consistent(self) -> SlurmClusterConfig:
