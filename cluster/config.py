@@ -25,7 +25,6 @@ from pydantic import (
     Discriminator,
     StrictInt,
     Tag,
-    TypeAdapter,
     field_validator,
     model_validator,
 )
@@ -395,13 +394,3 @@ ClusterConfig = Annotated[
     Discriminator(_kind_of, custom_error_type=KIND_ERROR,
                   custom_error_message=f"Input should be {_one_of(list(CLUSTER_KINDS))}"),
 ]
-
-_cluster_adapter: TypeAdapter[Any] = TypeAdapter(ClusterConfig)
-
-
-def parse_cluster(raw: Any) -> LocalClusterConfig | AddressClusterConfig | SlurmClusterConfig:
-    """A ``[cluster]`` section (a dict, or JSON text) as its kind's model; ValidationError
-    otherwise."""
-    if isinstance(raw, str | bytes):
-        return _cluster_adapter.validate_json(raw)
-    return _cluster_adapter.validate_python(raw)

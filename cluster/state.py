@@ -22,6 +22,7 @@ from pydantic import ValidationError
 from simpipe.cluster.config import SlurmClusterConfig
 from simpipe.cluster.process_identity import is_process_id
 from simpipe.errors import SimpipeError
+from simpipe.files import write_json_atomic
 
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
@@ -111,11 +112,7 @@ def read_state(name: str) -> dict[str, Any]:
 
 def write_state(name: str, data: dict[str, Any]) -> None:
     """Atomic: readers never see half a file."""
-    path = state_path(name)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True), encoding="utf-8")
-    os.replace(tmp, path)
+    write_json_atomic(data, state_path(name))
 
 
 def update_state(name: str, **changes: Any) -> dict[str, Any]:
