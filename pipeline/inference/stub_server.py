@@ -29,7 +29,6 @@ from typing import Any, Self
 
 from simpipe import aio
 from simpipe.inference import server_contract as contract
-from simpipe.inference.server_contract import answer_number as _answer  # noqa: F401 - tests
 from simpipe.inference.server_process import ServerProcess
 from simpipe.inference.stub_http import HttpRequest, HttpResponse, HttpServer
 
