@@ -16,6 +16,7 @@ import shlex
 import sys
 from dataclasses import dataclass
 
+from simpipe.cluster import slurm
 from simpipe.cluster.config import SlurmClusterConfig, memory_mib
 from simpipe.cluster.servers import server_command
 from simpipe.cluster.slurm import placement_directives
@@ -114,8 +115,6 @@ def batch_script(cluster: SlurmClusterConfig, opts: BatchOptions) -> str:
 
 def batch_endpoints(cluster: SlurmClusterConfig) -> list[str]:
     """Inside the job: the URLs of the servers the batch script started."""
-    from simpipe.cluster import slurm  # noqa: PLC0415
-
     per_node = int(os.environ.get("SIMPIPE_SERVERS_PER_NODE", "0"))
     port = int(os.environ.get("SIMPIPE_SERVER_PORT", str(cluster.servers.port)))
     if not per_node:

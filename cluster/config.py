@@ -20,14 +20,16 @@ from pydantic import (
     AfterValidator,
     BaseModel,
     ConfigDict,
+    Discriminator,
     Field,
     FiniteFloat,
-    Discriminator,
     StrictInt,
     Tag,
     field_validator,
     model_validator,
 )
+
+from simpipe.inference.emulator_profiles import get_profile
 
 _WALLTIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d{1,2}))?(?::(\d{1,2}))?$")
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*(s|m|h|d)?$")
@@ -109,7 +111,7 @@ class AdaptConfig(_Section):
     maximum: StrictInt = Field(1, ge=1)
 
     @model_validator(mode="after")
-    def _order(self) -> "AdaptConfig":
+    def _order(self) -> AdaptConfig:
         if self.minimum > self.maximum:
             raise ValueError(f"minimum {self.minimum} > maximum {self.maximum}")
         return self
@@ -131,8 +133,6 @@ class EmulatedServersConfig(_Section):
 
     @model_validator(mode="after")
     def _known_profile(self) -> EmulatedServersConfig:
-        from simpipe.inference.emulator_profiles import get_profile  # noqa: PLC0415
-
         get_profile(self.profile, self.params)  # ValueError naming a bad name or parameter
         return self
 
@@ -167,7 +167,7 @@ class ServersConfig(_Section):
     emulated: EmulatedServersConfig = EmulatedServersConfig()
 
     @model_validator(mode="after")
-    def _consistent(self) -> "ServersConfig":
+    def _consistent(self) -> ServersConfig:
         if self.kind == "custom" and not self.command:
             raise ValueError('kind = "custom" needs command = "... --port {port} ..."')
         if self.kind in ("tgi", "vllm") and not self.model and not self.command:
@@ -175,7 +175,8 @@ class ServersConfig(_Section):
         if self.container != "none" and not self.image:
             raise ValueError(f'container = "{self.container}" needs image = "<.sif or docker://...>"')
         if self.port + self.nodes * self.per_node - 1 > 65535:
-            raise ValueError(f"port {self.port} + {self.nodes * self.per_node} servers passes 65535")
+            raise ValueError(f"port {self.port} + {self.nodes * self.per_node} servers "
+                             "passes 65535")
         return self
 
     @property

@@ -66,7 +66,7 @@ class Site:
 
 def probe_site() -> Site:
     """Ask SLURM (and this machine) what a dry run can use."""
-    import psutil  # noqa: PLC0415 - a declared dependency, only needed here
+    import psutil  # a declared dependency, only needed here
 
     interfaces = frozenset(psutil.net_if_addrs())
     problem = slurm.controller_problem()
@@ -229,7 +229,8 @@ def _local_emulators(servers: dict, count: int, site: Site, notes: list[str]) ->
 def local_emulators(servers: ServersConfig) -> Iterator[list[str]]:
     """Emulator processes on this machine for ``[cluster.servers]`` (kind ``emulated``):
     ``gpus_per_process`` GPUs each, free ports; their URLs, one per emulated server."""
-    from simpipe.inference.emulator import EmulatorProcess  # noqa: PLC0415
+    # The emulator's server code: only when emulators run on this machine.
+    from simpipe.inference.emulator import EmulatorProcess
 
     emu = servers.emulated
     with ExitStack() as stack:

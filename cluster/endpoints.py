@@ -30,7 +30,7 @@ def local_names() -> frozenset[str]:
     except OSError:
         pass  # an unresolvable hostname: interface addresses below still count
     try:
-        import psutil  # noqa: PLC0415 - a declared dependency, only needed here
+        import psutil  # a declared dependency, only needed here
 
         for addrs in psutil.net_if_addrs().values():
             names.update(a.address.split("%")[0] for a in addrs

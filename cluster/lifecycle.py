@@ -39,7 +39,7 @@ def up(cfg: ClusterConfig, name: str,
                              f"{old['manager_pid']}); `simpipe cluster down {name}` first")
         down(name)  # a stale state from a crashed manager: clean its jobs first
     write_section(name, cfg)
-    log = open(manager_log(name), "ab")  # noqa: SIM115 - handed to the child
+    log = open(manager_log(name), "ab")  # no `with`: handed to the child, closed below
     # A new session: the manager outlives this command and ignores the terminal's Ctrl-C.
     proc = subprocess.Popen([sys.executable, "-m", "simpipe.cluster.manager", name],
                             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -103,7 +103,7 @@ def status(name: str) -> dict[str, Any]:
 
 
 def _workers(address: str) -> list[dict[str, Any]]:
-    from distributed import Client  # noqa: PLC0415
+    from distributed import Client  # only `cluster status` asks the workers
 
     try:
         with Client(address, timeout="10s") as client:

@@ -101,7 +101,8 @@ def read_state(name: str) -> dict[str, Any]:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        known = sorted(p.stem for p in clusters_dir().glob("*.json")) if clusters_dir().is_dir() else []
+        folder = clusters_dir()
+        known = sorted(p.stem for p in folder.glob("*.json")) if folder.is_dir() else []
         raise StateError(f"no cluster named {name!r} ({path} missing); start one with "
                          f"`simpipe cluster up CONFIG --name {name}`"
                          + (f"; known: {', '.join(known)}" if known else "")) from None

@@ -49,7 +49,7 @@ class Ledger:
         self._last_progress_save = 0.0
 
     @classmethod
-    def new(cls, paths: RunPaths, config: Config) -> "Ledger":
+    def new(cls, paths: RunPaths, config: Config) -> Ledger:
         data = {
             "name": config.run.name,
             "config_hash": config.results_hash(),

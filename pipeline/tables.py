@@ -5,14 +5,18 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 
-def markdown_table(rows: Sequence[Mapping[str, object]], formats: Mapping[str, str] | None = None) -> str:
+def markdown_table(rows: Sequence[Mapping[str, object]],
+                   formats: Mapping[str, str] | None = None) -> str:
     if not rows:
         return "(no rows)"
     formats = formats or {}
     columns = list(rows[0])
     cells = [[_cell(row.get(col), formats.get(col)) for col in columns] for row in rows]
     widths = [max(len(col), *(len(r[i]) for r in cells)) for i, col in enumerate(columns)]
-    line = lambda values: "| " + " | ".join(v.ljust(w) for v, w in zip(values, widths)) + " |"  # noqa: E731
+
+    def line(values: Sequence[str]) -> str:
+        return "| " + " | ".join(v.ljust(w) for v, w in zip(values, widths, strict=True)) + " |"
+
     out = [line(columns), "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
     out += [line(r) for r in cells]
     return "\n".join(out)

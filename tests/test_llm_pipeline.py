@@ -9,7 +9,6 @@ import time
 
 import numpy as np
 import pytest
-from support import small_config
 from distributed import Client, LocalCluster
 
 from simpipe.console import Console
@@ -17,6 +16,8 @@ from simpipe.inference.llamacpp_server import LlamaCppProcess
 from simpipe.layout import RunPaths
 from simpipe.results import read_ledger, read_population, read_rounds, read_summary
 from simpipe.runner import run_simulation
+
+from support import small_config
 
 pytestmark = [pytest.mark.llm, pytest.mark.slow]
 QUIET = Console(quiet=True)

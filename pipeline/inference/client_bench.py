@@ -21,6 +21,7 @@ from typing import Any
 
 import aiohttp
 import psutil
+
 from simpipe import aio
 from simpipe.agents.registry import build_backend
 from simpipe.config import AgentsConfig

@@ -29,13 +29,13 @@ from simpipe.inference.answer_checks import (
     json_object,
     token_count,
 )
+from simpipe.inference.answer_distribution import Probe, ProbeError
 from simpipe.inference.base import (
     Backend,
     EndpointCounters,
     GenerationRequest,
     GenerationResult,
 )
-from simpipe.inference.answer_distribution import Probe, ProbeError
 from simpipe.inference.gguf_vocab import AnswerVocab, answer_vocab
 from simpipe.inference.llamacpp_sampler import TopLogprobs
 from simpipe.inference.settings import LlamaCppSettings

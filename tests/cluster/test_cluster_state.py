@@ -11,8 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from support import small_config
-
 from simpipe.cluster.config import SlurmClusterConfig
 from simpipe.cluster.state import (
     StateError,
@@ -25,6 +23,8 @@ from simpipe.cluster.state import (
     write_state,
 )
 from simpipe.orchestration import on_cluster
+
+from support import small_config
 
 READY = {"name": "c", "state": "ready", "scheduler": "tcp://127.0.0.1:1",
          "endpoint_backend": "tgi", "servers": []}

@@ -7,8 +7,6 @@ from pathlib import Path
 import pytest
 from dask_jobqueue.slurm import SLURMJob
 
-from support import one_error_line, simpipe_cli
-
 from simpipe.cluster.batch import BatchOptions, batch_script
 from simpipe.cluster.config import SlurmClusterConfig, memory_mib
 from simpipe.cluster.connect import slurm_cluster_kwargs
@@ -16,6 +14,8 @@ from simpipe.cluster.endpoints import emulate_node, is_local
 from simpipe.cluster.servers import server_command, server_job_script
 from simpipe.cluster.state import run_target
 from simpipe.config import ConfigError, load_config
+
+from support import one_error_line, simpipe_cli
 
 REPO = Path(__file__).resolve().parents[2]
 

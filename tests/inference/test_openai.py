@@ -6,10 +6,11 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+
 from simpipe.inference.base import GenerationRequest, OutputConstraint
+from simpipe.inference.llamacpp_server import LlamaCppProcess
 from simpipe.inference.openai_compat import OpenAIBackend
 from simpipe.inference.settings import OpenAISettings
-from simpipe.inference.llamacpp_server import LlamaCppProcess
 from simpipe.inference.stub_server import StubServer
 
 GBNF = 'root ::= "100" | [1-9] [0-9] | [0-9]'
