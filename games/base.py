@@ -22,7 +22,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar
 
 import numpy as np
 import pandas as pd
@@ -53,12 +53,15 @@ class Turn:
         return np.random.default_rng([self.seed, stream, self.round_index, self.partition])
 
 
-class ScriptedSettings(Protocol):
-    """``[agents.scripted]`` as a game reads it (the cognitive hierarchy's knobs)."""
+@dataclass(frozen=True)
+class ScriptedSettings:
+    """``[agents.scripted]`` as a game reads it: the beauty contest's cognitive hierarchy
+    (mean depth, noise, depth shifts per attribute label); other games have their own
+    calibrated players and ignore it."""
 
-    tau: float
-    noise: float
-    depth_shift: Mapping[str, Mapping[str, float]]
+    tau: float = 1.5
+    noise: float = 0.25
+    depth_shift: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

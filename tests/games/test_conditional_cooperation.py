@@ -8,20 +8,18 @@ Fischbacher & Gaechter (2010)'s mean contribution in each of the 10 periods.
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import numpy as np
 import pandas as pd
 import pytest
 
-from simpipe.games.base import Turn
+from simpipe.games.base import ScriptedSettings, Turn
 from simpipe.games.conditional_cooperation import CooperationParams, agent_types
 from simpipe.games.config import PublicGoodsConfig
 from simpipe.games.groups import assign_groups
 from simpipe.games.registry import game_for
 
 TOLERANCE = 3.0  # percentage points of the endowment, every period
-UNUSED = SimpleNamespace(tau=1.5, noise=0.25, depth_shift={})  # the hierarchy's knobs
+UNUSED = ScriptedSettings()  # the beauty contest's knobs: not read here
 
 
 def play(game_config: PublicGoodsConfig, n: int, seed: int, partitions: int = 4):

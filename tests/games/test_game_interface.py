@@ -4,19 +4,17 @@ checked for each registered game)."""
 from __future__ import annotations
 
 import os
-from types import SimpleNamespace
-
 import numpy as np
 import pandas as pd
 import pytest
 
-from simpipe.games.base import Turn
+from simpipe.games.base import ScriptedSettings, Turn
 from simpipe.games.config import GAME_CONFIGS, BeautyContestConfig, PublicGoodsConfig
 from simpipe.games.prompts import PromptBuilder
 from simpipe.games.registry import GAMES, game_for, game_from_dict
 
 CONFIGS = [BeautyContestConfig(rounds=4, group_size=5), PublicGoodsConfig(rounds=4)]
-SETTINGS = SimpleNamespace(tau=1.5, noise=0.25, depth_shift={})
+SETTINGS = ScriptedSettings()
 N = 400
 
 
