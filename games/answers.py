@@ -38,6 +38,13 @@ class NumberAnswer:
     def bounds(self) -> tuple[float, float]:
         return (self.low, self.high)
 
+    def bin_edges(self, max_bins: int) -> np.ndarray:
+        """Histogram bins over the range: one per whole number for integer answers whose
+        range spans at most ``max_bins`` (0..20 in 20: 21 bins), else ``max_bins`` equal bins."""
+        if self.integer and self.high - self.low <= max_bins:
+            return np.arange(self.low - 0.5, self.high + 1.0, 1.0)
+        return np.linspace(self.low, self.high, max_bins + 1)
+
     def grammar(self) -> str:
         """GBNF for llama.cpp."""
         return number_grammar(self.low, self.high, self.cot, marker=self.marker)

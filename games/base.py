@@ -85,7 +85,7 @@ class RoundChart:
     y_range: tuple[float, float]
     # (column of the per-round table, legend label), drawn in this order
     series: tuple[tuple[str, str], ...]
-    # horizontal reference lines (label, value), e.g. the equilibrium
+    # horizontal reference lines (name, value), e.g. ("equilibrium", 0.0)
     levels: tuple[tuple[str, float], ...] = ()
     # human data per round from the first, on the same scale as ``series`` (label, values)
     reference: tuple[str, tuple[float, ...]] | None = None
@@ -108,9 +108,14 @@ class Game(abc.ABC):
 
     kind: ClassVar[str]
     title: ClassVar[str]  # e.g. "p-beauty contest"
+    equilibrium_name: ClassVar[str]  # "equilibrium", "Nash equilibrium"
     answer_name: ClassVar[str]  # what the rows' ``guess`` column holds: "guess", "contribution"
+    answer_plural: ClassVar[str]  # "guesses", "contributions"
     summary_columns: ClassVar[tuple[str, ...]]  # summary.parquet, in order
     feedback_column: ClassVar[str]  # the summary column announced to each group
+    # The web page's rounds table: (column of ``summary_by_round`` or run.json's round
+    # record, header), after the status counts.
+    page_columns: ClassVar[tuple[tuple[str, str], ...]]
     # Whether scripted agents need their own earlier answers (``Turn.past_answers``).
     scripted_needs_own_answers: ClassVar[bool] = False
 
@@ -164,7 +169,15 @@ class Game(abc.ABC):
                          settings: ScriptedSettings) -> np.ndarray:
         """One rule-based answer per agent (same order as ``agents``), seeded by ``turn``."""
 
+    def scripted_attributes(self, settings: ScriptedSettings) -> set[str]:
+        """The population attributes scripted agents' answers depend on (none by default)."""
+        return set()
+
     # --- references and what is shown ---------------------------------------------------
+
+    @abc.abstractmethod
+    def equilibrium(self) -> float:
+        """The answer every player gives in the game's equilibrium (``equilibrium_name``)."""
 
     @abc.abstractmethod
     def human_reference(self) -> HumanReference | None:
@@ -187,6 +200,11 @@ class Game(abc.ABC):
     def describe(self) -> str:
         """The configured game in one line (the report and the web page)."""
 
+    def variant(self) -> str:
+        """What tells this configuration from others of the game, in a few words (titles of
+        figures that compare runs)."""
+        return f"prompt {self.config.prompt}"
+
     @abc.abstractmethod
     def round_chart(self) -> RoundChart:
         """How rounds are drawn (report figures, the web page's chart)."""
@@ -197,9 +215,9 @@ class Game(abc.ABC):
         summary rows: what the web page's chart and rounds table show."""
 
     @abc.abstractmethod
-    def answer_marks(self, pooled: Mapping[str, Any]) -> list[tuple[str, float]]:
-        """Vertical lines on a round's histogram of answers (label, value), from that
-        round's ``summary_by_round`` row."""
+    def round_mark(self, pooled: Mapping[str, Any]) -> tuple[str, float] | None:
+        """The round's own line on its histogram of answers (label, value), from that
+        round's ``summary_by_round`` row; None when it has none."""
 
     # --- the report (pure pandas; the report draws and writes) ---------------------------
 
@@ -207,6 +225,10 @@ class Game(abc.ABC):
     def report_rounds(self, rows: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame:
         """Per round: the report's statistics from every agent's row (``round``, ``guess``,
         ``status``) and the summary; a ``round`` column first."""
+
+    @abc.abstractmethod
+    def report_notes(self) -> dict[str, list[str]]:
+        """Notes under the report's "runs" and "rounds" tables, on the game's columns."""
 
     @abc.abstractmethod
     def report_run(self, rounds: pd.DataFrame) -> dict[str, Any]:

@@ -64,15 +64,19 @@ def weighted_mean(rows: pd.DataFrame) -> float | None:
 class BeautyContest(Game):
     kind = "beauty_contest"
     title = "p-beauty contest"
+    equilibrium_name = "equilibrium"
     answer_name = "guess"
+    answer_plural = "guesses"
     summary_columns = SUMMARY_COLUMNS
     feedback_column = "target"  # announced as the winning number
+    page_columns = (("mean", "mean"), ("median", "median"), ("target", "target"),
+                    ("winning_guess", "winning"))
 
     config: BeautyContestConfig
 
     def __init__(self, config: BeautyContestConfig) -> None:
         super().__init__(config)
-        self.equilibrium = equilibrium(config)
+        self._equilibrium = equilibrium(config)
 
     # --- answers and prompts ------------------------------------------------------------
 
@@ -120,7 +124,13 @@ class BeautyContest(Game):
         # the per-partition value counts that the reduce receives small.
         return np.round(guesses, 2)
 
+    def scripted_attributes(self, settings: ScriptedSettings) -> set[str]:
+        return set(settings.depth_shift)
+
     # --- references and what is shown ---------------------------------------------------
+
+    def equilibrium(self) -> float:
+        return self._equilibrium
 
     def human_reference(self) -> HumanReference | None:
         refs = load_references()
@@ -143,12 +153,15 @@ class BeautyContest(Game):
                 f"target (avg over {len(rows)} groups) {rows['target'].mean():.2f}")
 
     def reference_text(self, round_index: int) -> str:
-        return f"equilibrium {self.equilibrium:g}"
+        return f"equilibrium {self._equilibrium:g}"
 
     def describe(self) -> str:
         g = self.config
         return (f"target = {g.offset:g} + {g.ratio} × mean, guesses in [{g.low:g}, {g.high:g}], "
-                f"{g.rounds} rounds, prompt {g.prompt}, equilibrium {self.equilibrium:.2f}")
+                f"{g.rounds} rounds, prompt {g.prompt}, equilibrium {self._equilibrium:.2f}")
+
+    def variant(self) -> str:
+        return f"ratio {self.config.ratio}, {self.config.prompt}"
 
     def round_chart(self) -> RoundChart:
         return RoundChart(
@@ -156,19 +169,18 @@ class BeautyContest(Game):
             y_range=(self.config.low, self.config.high),
             series=(("mean", "mean guess"), ("target", "target"),
                     ("winning_guess", "winning guess")),
-            levels=((f"equilibrium {self.equilibrium:g}", self.equilibrium),))
+            levels=(("equilibrium", self._equilibrium),))
 
     def summary_by_round(self, summary: pd.DataFrame) -> pd.DataFrame:
         """Median, target and winning guess averaged over groups (the mean guess pooled
         over groups is ``round_numbers``' and run.json's)."""
         return summary.groupby("round")[["median", "target", "winning_guess"]].mean()
 
-    def answer_marks(self, pooled: Mapping[str, Any]) -> list[tuple[str, float]]:
-        marks = [("equilibrium", self.equilibrium)]
+    def round_mark(self, pooled: Mapping[str, Any]) -> tuple[str, float] | None:
         target = pooled.get("target")
-        if target is not None and np.isfinite(target):
-            marks.append(("target", float(target)))
-        return marks
+        if target is None or not np.isfinite(target):
+            return None
+        return ("target", float(target))
 
     # --- the report ---------------------------------------------------------------------
 
@@ -179,14 +191,23 @@ class BeautyContest(Game):
         table = answer_stats(rows).join(announced, how="left").reset_index()
         return table[ROUND_COLUMNS]
 
+    def report_notes(self) -> dict[str, list[str]]:
+        return {
+            "runs": ["rounds_to_within_1: rounds played until the mean guess is within 1 of "
+                     "the equilibrium (1 = already in the first round)."],
+            "rounds": ["Statistics of valid guesses, pooled over groups; target and "
+                       "winning_guess as announced (averaged over groups when there are "
+                       "several). Rounds are numbered from 0, as in the Parquet files."],
+        }
+
     def report_run(self, rounds: pd.DataFrame) -> dict[str, Any]:
         first, last = rounds.iloc[0], rounds.iloc[-1]
         return {
             "ratio": self.config.ratio, "offset": self.config.offset,
-            "prompt": self.config.prompt, "equilibrium": self.equilibrium,
+            "prompt": self.config.prompt, "equilibrium": self._equilibrium,
             "first_mean": first["mean"], "first_median": first["median"],
             "last_mean": last["mean"],
-            "rounds_to_within_1": rounds_to_equilibrium(rounds, self.equilibrium),
+            "rounds_to_within_1": rounds_to_equilibrium(rounds, self._equilibrium),
         }
 
     def report_references(self, label: str, rounds: pd.DataFrame) -> list[ReferenceTable]:

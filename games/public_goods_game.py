@@ -48,9 +48,13 @@ def human_data() -> dict[str, Any]:
 class PublicGoods(Game):
     kind = "public_goods"
     title = "linear public goods game"
+    equilibrium_name = "Nash equilibrium"
     answer_name = "contribution"
+    answer_plural = "contributions"
     summary_columns = SUMMARY_COLUMNS
     feedback_column = "total_contribution"
+    page_columns = (("mean_contribution", "contribution"),
+                    ("contribution_pct", "% of endowment"), ("mean_payoff", "payoff"))
     scripted_needs_own_answers = True  # cooperators react to what the others gave
 
     config: PublicGoodsConfig
@@ -110,6 +114,11 @@ class PublicGoods(Game):
 
     # --- references and what is shown ---------------------------------------------------
 
+    def equilibrium(self) -> float:
+        """Keeping every point is each player's best reply whatever the others give
+        (mpcr < 1): the only Nash equilibrium is that nobody contributes."""
+        return 0.0
+
     def human_reference(self) -> HumanReference | None:
         """Fischbacher & Gaechter (2010), for their design only (group size, endowment and
         MPCR as in the experiment)."""
@@ -154,6 +163,9 @@ class PublicGoods(Game):
                 f"payoff = {g.endowment} - contribution + {g.mpcr:.10g} × group total, "
                 f"{g.rounds} rounds, prompt {g.prompt}; Nash equilibrium: contribute 0")
 
+    def variant(self) -> str:
+        return f"MPCR {self.config.mpcr:.10g}, {self.config.prompt}"
+
     def round_chart(self) -> RoundChart:
         human = self.human_reference()
         reference = None
@@ -162,7 +174,7 @@ class PublicGoods(Game):
         return RoundChart(
             title="mean contribution per round", y_label="contribution (% of endowment)",
             y_range=(0.0, 100.0), series=(("contribution_pct", "mean contribution"),),
-            levels=(("Nash equilibrium 0%", 0.0),), reference=reference)
+            levels=(("Nash equilibrium", 0.0),), reference=reference)
 
     def summary_by_round(self, summary: pd.DataFrame) -> pd.DataFrame:
         """Mean contribution (points and % of the endowment) and mean payoff over all groups."""
@@ -175,12 +187,11 @@ class PublicGoods(Game):
             "mean_payoff": by_round["payoff_sum"] / by_round["n"],
         })
 
-    def answer_marks(self, pooled: Mapping[str, Any]) -> list[tuple[str, float]]:
-        marks = [("Nash equilibrium", 0.0)]
+    def round_mark(self, pooled: Mapping[str, Any]) -> tuple[str, float] | None:
         mean = pooled.get("mean_contribution")
-        if mean is not None and np.isfinite(mean):
-            marks.append(("mean", float(mean)))
-        return marks
+        if mean is None or not np.isfinite(mean):
+            return None
+        return ("mean contribution", float(mean))
 
     # --- the report ---------------------------------------------------------------------
 
@@ -192,6 +203,17 @@ class PublicGoods(Game):
         table["contribution_pct"] = 100.0 * table["mean_contribution"] / self.config.endowment
         table = table.join(self.summary_by_round(summary)[["mean_payoff"]], how="left")
         return table.reset_index()[ROUND_COLUMNS]
+
+    def report_notes(self) -> dict[str, list[str]]:
+        invalid = ("An invalid answer counts as contributing 0, as it does in the payoffs "
+                   "(n_valid says how many answers were valid).")
+        return {
+            "runs": ["first_pct, last_pct: mean contribution in the first and the last round, "
+                     "as % of the endowment; mean_payoff: over all rounds.", invalid],
+            "rounds": ["Contributions of every agent, pooled over groups; mean_payoff as the "
+                       "game paid it. Rounds are numbered from 0, as in the Parquet files.",
+                       invalid],
+        }
 
     def report_run(self, rounds: pd.DataFrame) -> dict[str, Any]:
         g = self.config

@@ -132,7 +132,9 @@ def test_what_is_shown_of_a_round(config) -> None:
     assert table["round"].tolist() == [0, 1, 2]
     for column, _ in chart.series:
         assert column in table.columns
-    assert game.answer_marks(by_round.iloc[0].to_dict())
+    mark = game.round_mark(by_round.iloc[0].to_dict())
+    low, high = game.answer().bounds
+    assert mark is not None and low <= mark[1] <= high and low <= game.equilibrium() <= high
     run = game.report_run(table)
     assert "prompt" in run
     for ref in game.report_references("r", table):
@@ -144,3 +146,14 @@ def test_a_run_json_game_table_gives_the_game_back(config) -> None:
     assert type(game) is type(game_for(config)) and game.config == config
     human = game_for(config.model_copy(update={"rounds": 10})).human_reference()
     assert human is not None and "American Economic Review" in human.citation
+
+
+def test_histogram_bins_cover_the_answer_range(config) -> None:
+    answer = game_for(config).answer()
+    low, high = answer.bounds
+    edges = answer.bin_edges(20)
+    assert edges[0] <= low and edges[-1] >= high and np.all(np.diff(edges) > 0)
+    if answer.integer:  # one bin per whole number: 0..20 -> 21 bins centred on them
+        assert len(edges) - 1 == high - low + 1 and edges[0] == low - 0.5
+    else:
+        assert len(edges) == 21
