@@ -165,7 +165,7 @@ class BeautyContest(Game):
 
     def round_chart(self) -> RoundChart:
         return RoundChart(
-            title="mean and winning number per round", y_label="number",
+            title="mean, target and winning number per round", y_label="number",
             y_range=(self.config.low, self.config.high),
             series=(("mean", "mean guess"), ("target", "target"),
                     ("winning_guess", "winning guess")),
