@@ -158,8 +158,8 @@ def _table_problems(value: Mapping) -> list[dict[str, Any]]:
     return problems
 
 
-def _untagged(exc: ValidationError) -> ValidationError:
-    """The same errors without the union member's tag in their locations."""
+def _untagged(exc: ValidationError) -> list[dict[str, Any]]:
+    """The errors as line errors without the union member's tag in their locations."""
     lines = []
     for err in exc.errors(include_url=False):
         loc = err["loc"]
@@ -167,18 +167,29 @@ def _untagged(exc: ValidationError) -> ValidationError:
             loc = loc[1:]
         lines.append({"type": PydanticCustomError(err["type"], err["msg"]), "loc": loc,
                       "input": err.get("input")})
-    return ValidationError.from_exception_data(exc.title, lines)
+    return lines
 
 
 def _one_game_table(value: Any, handler: Callable[[Any], Any]) -> Any:
-    if isinstance(value, Mapping):
-        problems = _table_problems(value)
-        if problems:
-            raise ValidationError.from_exception_data("game", problems)
-    try:
+    if isinstance(value, GameSettings):
         return handler(value)
+    if not isinstance(value, Mapping):
+        raise ValidationError.from_exception_data("game", [{
+            "type": PydanticCustomError(
+                "game_table", f"a table is expected, e.g. [game] with kind = one of {_kinds()}"),
+            "loc": (), "input": value}])
+    problems = _table_problems(value)
+    if problems and problems[0]["loc"] == ("kind",):
+        raise ValidationError.from_exception_data("game", problems)
+    known = GAME_CONFIGS[value.get("kind", DEFAULT_KIND)].model_fields
+    try:
+        # Unknown keys are reported above; the rest is checked all the same.
+        game = handler({k: v for k, v in value.items() if k in known})
     except ValidationError as exc:
-        raise _untagged(exc) from None
+        problems += _untagged(exc)
+    if problems:
+        raise ValidationError.from_exception_data("game", problems)
+    return game
 
 
 # The ``[game]`` section: one of the games' tables, chosen by ``kind``.

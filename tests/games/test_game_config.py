@@ -45,6 +45,16 @@ def test_a_key_of_another_game_is_an_error_naming_that_game() -> None:
     assert loc == ("game", "endowment") and "kind = 'public_goods'" in msg
 
 
+def test_every_problem_of_a_table_is_named_at_once() -> None:
+    problems = dict(errors({"kind": "public_goods", "ratio": "2/3", "mpcr": 2, "rounds": 0}))
+    assert set(problems) == {("game", "ratio"), ("game", "mpcr"), ("game", "rounds")}
+
+
+def test_a_game_that_is_not_a_table_is_named() -> None:
+    [(loc, msg)] = errors(3)
+    assert loc == ("game",) and "a table is expected" in msg
+
+
 def test_an_unknown_key_and_an_unknown_game_are_named() -> None:
     [(loc, msg)] = errors({"kind": "public_goods", "colour": "red"})
     assert loc == ("game", "colour") and "no such key for kind = 'public_goods'" in msg
