@@ -1,20 +1,19 @@
 """The p-beauty contest's environment: target, winners and the per-round reduce.
 
-A partition reports a *partial*: per group, the count of each answer status and the
-value counts of its valid guesses. Value counts merge exactly across partitions and are
-enough for the mean, the median and the winners, so the reduce on the client is exact
-while moving at most one row per distinct guess (LLM answers are a few hundred integers).
+A partition reports a *partial*: per group, the count of each answer status and (its
+``values``) the value counts of its valid guesses. Value counts merge exactly across
+partitions and are enough for the mean, the median and the winners, so the reduce on the
+client is exact while moving at most one row per distinct guess (LLM answers are a few
+hundred integers).
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
 from simpipe.games.config import BeautyContestConfig
-from simpipe.games.statuses import status_counts
+from simpipe.games.partials import Partial, status_counts
 
 SUMMARY_COLUMNS = (
     "round", "group_id", "n", "n_valid", "mean", "median", "target", "winning_guess",
@@ -44,21 +43,6 @@ def equilibrium(game: BeautyContestConfig) -> float:
     return game.high if mid >= unstable else game.low
 
 
-@dataclass
-class Partial:
-    """What one partition contributes to a round's reduce."""
-
-    status_counts: pd.DataFrame  # group_id, n, n_ok, n_unparsed, n_out_of_range, n_error
-    value_counts: pd.DataFrame  # group_id, guess, count (valid guesses only)
-
-    @staticmethod
-    def concat(parts: list[Partial]) -> Partial:
-        return Partial(
-            pd.concat([p.status_counts for p in parts], ignore_index=True),
-            pd.concat([p.value_counts for p in parts], ignore_index=True),
-        )
-
-
 def partial_from_rows(rows: pd.DataFrame) -> Partial:
     """The partial of a round's rows (``group_id``, ``guess``, ``status``)."""
     counts, ok = status_counts(rows)
@@ -78,7 +62,7 @@ def reduce_round(partial: Partial, game: BeautyContestConfig, round_index: int) 
     """
     counts = partial.status_counts.groupby("group_id", sort=True).sum()
     values = (
-        partial.value_counts.groupby(["group_id", "guess"], sort=True)["count"].sum().reset_index()
+        partial.values.groupby(["group_id", "guess"], sort=True)["count"].sum().reset_index()
     )
     stats = _value_stats(values, game)
     out = counts.join(stats, how="left")

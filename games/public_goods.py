@@ -5,20 +5,19 @@ Each member of a group contributes ``c_i`` of its ``endowment`` points to a grou
 contributes 0 (the agent keeps its endowment and still earns its share of the project) and
 is counted in the group's ``n_unparsed`` / ``n_out_of_range`` / ``n_error``.
 
-A partition reports a *partial*: per group, the count of each answer status and the sum of
-its valid contributions. Contributions are whole numbers, so the sums are exact in float64
-and the reduce gives the same summary however the agents are split into partitions.
+A partition reports a *partial*: per group, the count of each answer status and (its
+``values``) the sum of its valid contributions. Contributions are whole numbers, so the sums
+are exact in float64 and the reduce gives the same summary however the agents are split
+into partitions.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
 from simpipe.games.config import PublicGoodsConfig
-from simpipe.games.statuses import status_counts
+from simpipe.games.partials import Partial, status_counts
 
 SUMMARY_COLUMNS = (
     "round", "group_id", "n", "n_valid", "total_contribution", "mean_contribution",
@@ -33,21 +32,6 @@ def payoffs(own: np.ndarray, group_total: np.ndarray, game: PublicGoodsConfig) -
     return game.endowment - own + game.mpcr * np.asarray(group_total, dtype=np.float64)
 
 
-@dataclass
-class Partial:
-    """What one partition contributes to a round's reduce."""
-
-    status_counts: pd.DataFrame  # group_id, n, n_ok, n_unparsed, n_out_of_range, n_error
-    totals: pd.DataFrame  # group_id, total (the sum of the group's valid contributions)
-
-    @staticmethod
-    def concat(parts: list[Partial]) -> Partial:
-        return Partial(
-            pd.concat([p.status_counts for p in parts], ignore_index=True),
-            pd.concat([p.totals for p in parts], ignore_index=True),
-        )
-
-
 def partial_from_rows(rows: pd.DataFrame) -> Partial:
     """The partial of a round's rows (``group_id``, ``guess``: the contribution, ``status``)."""
     counts, ok = status_counts(rows)
@@ -59,7 +43,7 @@ def partial_from_rows(rows: pd.DataFrame) -> Partial:
 def reduce_round(partial: Partial, game: PublicGoodsConfig, round_index: int) -> pd.DataFrame:
     """One summary row per group: contributions (invalid answers count 0), payoffs, statuses."""
     counts = partial.status_counts.groupby("group_id", sort=True).sum()
-    totals = partial.totals.groupby("group_id", sort=True)["total"].sum()
+    totals = partial.values.groupby("group_id", sort=True)["total"].sum()
     out = counts.join(totals, how="left")
     total = out.pop("total").fillna(0.0).to_numpy(dtype=np.float64)
     n = out["n"].to_numpy(dtype=np.float64)

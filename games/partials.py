@@ -1,7 +1,9 @@
-"""Answer statuses and their counts per group: the part of every game's partial and summary
-that does not depend on the game."""
+"""What a partition contributes to a round's reduce: its answer status counts per group (the
+same for every game) and the game's own per-group digest of its valid answers."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -21,3 +23,18 @@ def status_counts(rows: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray]:
     onehot.insert(0, "group_id", rows["group_id"].to_numpy())
     counts = onehot.groupby("group_id", sort=True).sum().reset_index()
     return counts, np.asarray(status == "ok")
+
+
+@dataclass
+class Partial:
+    """One partition's part of a round: small, picklable, merged exactly by the game."""
+
+    status_counts: pd.DataFrame  # status_counts(): group_id, n, n_ok, ... n_error
+    values: pd.DataFrame  # per group, the game's digest of the valid answers
+
+    @staticmethod
+    def concat(parts: list[Partial]) -> Partial:
+        return Partial(
+            pd.concat([p.status_counts for p in parts], ignore_index=True),
+            pd.concat([p.values for p in parts], ignore_index=True),
+        )
