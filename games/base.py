@@ -29,6 +29,7 @@ import pandas as pd
 
 from simpipe.games.answers import NumberAnswer
 from simpipe.games.config import AnyGameConfig
+from simpipe.games.partials import Partial
 from simpipe.games.text import PromptTexts
 
 
@@ -141,13 +142,17 @@ class Game(abc.ABC):
     # --- the round ----------------------------------------------------------------------
 
     @abc.abstractmethod
-    def partial(self, rows: pd.DataFrame) -> Any:
+    def partial(self, rows: pd.DataFrame) -> Partial:
         """What one partition's rows (``group_id``, ``guess``, ``status``) contribute to the
         round's reduce: small, picklable, and merged exactly by ``reduce``."""
 
     @abc.abstractmethod
-    def reduce(self, partials: Sequence[Any], round_index: int) -> pd.DataFrame:
+    def reduce_merged(self, partial: Partial, round_index: int) -> pd.DataFrame:
+        """``reduce`` of the partials of every partition, concatenated."""
+
+    def reduce(self, partials: Sequence[Partial], round_index: int) -> pd.DataFrame:
         """One summary row per group (``summary_columns``), sorted by group."""
+        return self.reduce_merged(Partial.concat(list(partials)), round_index)
 
     def feedback_table(self, summary: pd.DataFrame, n_groups: int, upto: int) -> np.ndarray:
         """(groups, rounds < upto): the number announced to each group after each round."""

@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Hashable, Mapping
 from typing import Any
 
 import numpy as np
@@ -101,11 +101,10 @@ class BeautyContest(Game):
 
     # --- the round ----------------------------------------------------------------------
 
-    def partial(self, rows: pd.DataFrame) -> Partial:
-        return partial_from_rows(rows)
+    partial = staticmethod(partial_from_rows)
 
-    def reduce(self, partials: Sequence[Partial], round_index: int) -> pd.DataFrame:
-        return reduce_round(Partial.concat(list(partials)), self.config, round_index)
+    def reduce_merged(self, partial: Partial, round_index: int) -> pd.DataFrame:
+        return reduce_round(partial, self.config, round_index)
 
     # --- scripted agents ----------------------------------------------------------------
 

@@ -4,7 +4,7 @@ data of Fischbacher & Gaechter (2010) (``public_goods_reference.json``)."""
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Hashable, Mapping
 from typing import Any
 
 import numpy as np
@@ -86,11 +86,10 @@ class PublicGoods(Game):
 
     # --- the round ----------------------------------------------------------------------
 
-    def partial(self, rows: pd.DataFrame) -> Partial:
-        return partial_from_rows(rows)
+    partial = staticmethod(partial_from_rows)
 
-    def reduce(self, partials: Sequence[Partial], round_index: int) -> pd.DataFrame:
-        return reduce_round(Partial.concat(list(partials)), self.config, round_index)
+    def reduce_merged(self, partial: Partial, round_index: int) -> pd.DataFrame:
+        return reduce_round(partial, self.config, round_index)
 
     def population_problem(self, size: int) -> str | None:
         n = self.config.group_size
