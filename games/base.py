@@ -174,6 +174,10 @@ class Game(abc.ABC):
                          settings: ScriptedSettings) -> np.ndarray:
         """One rule-based answer per agent (same order as ``agents``), seeded by ``turn``."""
 
+    @abc.abstractmethod
+    def describe_scripted(self, settings: ScriptedSettings) -> str:
+        """The scripted agents in a few words (the report's back-end column)."""
+
     def scripted_attributes(self, settings: ScriptedSettings) -> set[str]:
         """The population attributes scripted agents' answers depend on (none by default)."""
         return set()

@@ -123,6 +123,9 @@ class BeautyContest(Game):
         # the per-partition value counts that the reduce receives small.
         return np.round(guesses, 2)
 
+    def describe_scripted(self, settings: ScriptedSettings) -> str:
+        return f"tau {settings.tau}"
+
     def scripted_attributes(self, settings: ScriptedSettings) -> set[str]:
         return set(settings.depth_shift)
 

@@ -111,6 +111,9 @@ class PublicGoods(Game):
                              turn.past_feedback, self.config.group_size,
                              self.config.endowment)
 
+    def describe_scripted(self, settings: ScriptedSettings) -> str:
+        return "free riders and conditional cooperators"
+
     # --- references and what is shown ---------------------------------------------------
 
     def equilibrium(self) -> float:

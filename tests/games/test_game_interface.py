@@ -135,6 +135,7 @@ def test_what_is_shown_of_a_round(config) -> None:
     mark = game.round_mark(by_round.iloc[0].to_dict())
     low, high = game.answer().bounds
     assert mark is not None and low <= mark[1] <= high and low <= game.equilibrium() <= high
+    assert game.describe_scripted(SETTINGS) and game.variant()
     run = game.report_run(table)
     assert "prompt" in run
     for ref in game.report_references("r", table):
