@@ -64,6 +64,11 @@ class ScriptedSettings:
     noise: float = 0.25
     depth_shift: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
 
+    @classmethod
+    def from_table(cls, raw: Mapping[str, Any]) -> ScriptedSettings:
+        """From ``[agents.scripted]`` as run.json stores it (other keys are not a game's)."""
+        return cls(**{k: raw[k] for k in ("tau", "noise", "depth_shift") if k in raw})
+
 
 @dataclass(frozen=True)
 class HumanReference:

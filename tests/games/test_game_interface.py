@@ -158,3 +158,12 @@ def test_histogram_bins_cover_the_answer_range(config) -> None:
         assert len(edges) - 1 == high - low + 1 and edges[0] == low - 0.5
     else:
         assert len(edges) == 21
+
+
+def test_scripted_settings_read_from_a_stored_table() -> None:
+    settings = ScriptedSettings.from_table({"tau": 2.0, "latency_s": 0.5,
+                                            "depth_shift": {"education": {"Ph.D.": 1.0}}})
+    assert settings == ScriptedSettings(tau=2.0, depth_shift={"education": {"Ph.D.": 1.0}})
+    assert game_for(BeautyContestConfig()).describe_scripted(settings) == "tau 2.0"
+    assert game_for(BeautyContestConfig()).scripted_attributes(settings) == {"education"}
+    assert game_for(PublicGoodsConfig()).scripted_attributes(settings) == set()
