@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -145,3 +147,14 @@ def test_the_round_line_reads_contributions_beside_the_human_data() -> None:
     assert game.reference_text(10) == "Nash equilibrium: contribute 0"
     other = game_for(PublicGoodsConfig(mpcr=0.5))
     assert other.human_reference() is None and other.round_chart().reference is None
+
+
+def test_a_chain_of_thought_answer_ends_in_the_marked_contribution() -> None:
+    answer = game_for(PublicGoodsConfig(prompt="cot")).answer()
+    text = "The others gave 30 last round, so about 10 each. Final answer: 9"
+    assert re.fullmatch(answer.regex(), text)
+    assert not re.fullmatch(answer.regex(), "Final answer: 21")
+    assert 'root ::= r0 "Final answer:"' in answer.grammar()
+    values, statuses = answer.parse_many([text, "I keep everything. Final answer: 0"])
+    assert values.tolist() == [9.0, 0.0] and statuses.tolist() == ["ok", "ok"]
+    assert answer.json_schema() is None
