@@ -8,7 +8,8 @@ first-batch allocations are a one-off cost a long run amortises):
    set-up measured), no Dask, no Parquet; then the same without the answer grammar (what
    the grammar costs: its throughput against the constrained row's);
 2. pipeline, ``llamacpp`` back-end: a full round through Dask (one worker process that
-   plays two partitions at a time, so the slots never drain between partitions);
+   plays two partitions at a time, so the slots never drain between partitions); then the
+   same with ``agents.reproducible = true`` (calls one at a time: what reproducibility costs);
 3. pipeline, ``openai`` back-end against llama.cpp's HTTP server (the same engine,
    ``python -m simpipe.inference.llamacpp_server``) on localhost.
 
@@ -158,6 +159,13 @@ def run_engine_bench(agents: int, n_parallel: int = 32) -> list[dict]:
             rows.append(row | {"peak_rss_gib": mem.peak_gib})
             with PeakMemory() as mem:
                 row = _pipeline_row("pipeline: llamacpp back-end via Dask", config, client, warm)
+            rows.append(row | {"peak_rss_gib": mem.peak_gib})
+            # What bit-reproducible per-agent calls cost: the same, one at a time.
+            serial = config.model_copy(update={"agents": config.agents.model_copy(
+                update={"reproducible": True})})
+            with PeakMemory() as mem:
+                row = _pipeline_row("pipeline: llamacpp, reproducible = true", serial, client,
+                                    warm)
             rows.append(row | {"peak_rss_gib": mem.peak_gib})
         server = subprocess.Popen(
             [sys.executable, "-m", "simpipe.inference.llamacpp_server", "--port", "0",

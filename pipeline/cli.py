@@ -182,6 +182,54 @@ def bench_scale(agents: str, latency: float, rounds: int, partitions: int, worke
     click.echo(format_table(rows))
 
 
+@bench.command("fleet")
+@click.option("--agents", default=100_000, show_default=True, type=click.IntRange(min=1))
+@click.option("--rounds", default=2, show_default=True, type=click.IntRange(min=1))
+@click.option("--nodes", default=1, show_default=True, type=click.IntRange(1, 16),
+              help="Emulated nodes: one server job (--gpus GPUs) and --workers worker jobs each.")
+@click.option("--gpus", default=1, show_default=True, type=click.IntRange(1, 64),
+              help="Emulated GPUs per node.")
+@click.option("--profile", default="fast", show_default=True,
+              help="Emulator timing profile: fast (the pipeline is the limit), a100-llama3-8b, "
+                   "h100-llama3-8b.")
+@click.option("--time-scale", default=1.0, show_default=True, type=click.FloatRange(min=0.001),
+              help="The emulated GPUs run this many times faster than real ones.")
+@click.option("--workers", default=1, show_default=True, type=click.IntRange(1, 16),
+              help="Worker jobs (one process each) per node.")
+@click.option("--threads", default=2, show_default=True, type=click.IntRange(1, 16),
+              help="Partitions a worker plays at once.")
+@click.option("--partitions", default=0, type=click.IntRange(min=0),
+              help="Partitions (0: at least 4 per worker thread, at most 50,000 agents each).")
+@click.option("--max-concurrency", default=0, type=click.IntRange(min=0),
+              help="Requests in flight per endpoint per worker process (0: auto).")
+@click.option("--worker-memory", default="3GB", show_default=True, help="Per worker job.")
+@click.option("--port", default=0, type=click.IntRange(0, 65535),
+              help="First server port (0: the first free range from 19300).")
+@click.option("--kill-server-at", default=None, type=click.FloatRange(min=0.0),
+              help="scancel the last node's server job this many seconds after round 1 starts.")
+@click.option("--weak-scaling", is_flag=True,
+              help="Run 1, 2 and 4 nodes with --agents-per-gpu agents per emulated GPU.")
+@click.option("--agents-per-gpu", default=10_000, show_default=True, type=click.IntRange(min=1))
+@click.option("--keep", default=None, metavar="DIR",
+              help="Keep the runs under DIR (default: a temporary directory, removed).")
+def bench_fleet(agents: int, rounds: int, nodes: int, gpus: int, profile: str,
+                time_scale: float, workers: int, threads: int, partitions: int,
+                max_concurrency: int, worker_memory: str, port: int,
+                kill_server_at: float | None, weak_scaling: bool, agents_per_gpu: int,
+                keep: str | None) -> None:
+    """The GPU path at scale on the local SLURM: emulated TGI servers and Dask workers as
+    SLURM jobs; per round: wall time, the fleet's ideal time and busy share, pipeline CPU."""
+    from simpipe.bench_fleet import FleetCase, bench_errors, run_bench  # noqa: PLC0415
+
+    try:
+        case = FleetCase(agents, rounds, nodes, gpus, profile, time_scale, workers, threads,
+                         partitions, max_concurrency, worker_memory, port, kill_server_at)
+        run_bench(case, weak_scaling=weak_scaling, agents_per_gpu=agents_per_gpu, keep=keep,
+                  echo=click.echo, log=lambda line: click.echo(line, err=True))
+    except bench_errors() as exc:
+        _fail(str(exc))
+
+
 @bench.command("engine")
 @click.option("--agents", default=256, show_default=True, type=click.IntRange(min=1),
               help="Prompts (agents) per row.")

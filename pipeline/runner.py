@@ -49,6 +49,17 @@ class RunCancelled(RuntimeError):
     """The run was asked to stop (a CANCEL file); it stopped between rounds, resumable."""
 
 
+class RoundObserver:
+    """Told when each round played in this invocation starts and ends (benchmarks measure
+    per-round CPU and memory with it); does nothing unless a subclass says otherwise."""
+
+    def round_started(self, round_index: int) -> None:
+        """Right before the round's tasks are submitted."""
+
+    def round_finished(self, round_index: int, record: dict) -> None:
+        """Right after the round is reduced and recorded; ``record`` is its run.json entry."""
+
+
 @dataclass
 class RunResult:
     run_dir: Path
@@ -74,9 +85,11 @@ def _client_for(config: Config, client: Client | None) -> Iterator[Client]:
 
 
 def run_simulation(config: Config, *, resume: bool = False, force: bool = False,
-                   client: Client | None = None, console: Console | None = None) -> RunResult:
+                   client: Client | None = None, console: Console | None = None,
+                   observer: RoundObserver | None = None) -> RunResult:
     """Run (or resume) the configured simulation and return its summary."""
     console = console or Console()
+    observer = observer or RoundObserver()
     paths = RunPaths(config.run_dir)
     if not force:
         _check_ledger(paths)
@@ -93,7 +106,7 @@ def run_simulation(config: Config, *, resume: bool = False, force: bool = False,
             # pid and host let a watcher (simpipe ui) tell a live run from a dead one.
             ledger.set_state("running", scheduler=dask_client.scheduler.address,
                              pid=os.getpid(), host=socket.gethostname())
-            result = _run_rounds(dask_client, config, paths, ledger, console)
+            result = _run_rounds(dask_client, config, paths, ledger, console, observer)
             report_estimate(config, ledger, console)  # emulated servers only: the real run
     except RunCancelled:
         ledger.set_state("interrupted")
@@ -116,7 +129,7 @@ def run_simulation(config: Config, *, resume: bool = False, force: bool = False,
 
 
 def _run_rounds(client: Client, config: Config, paths: RunPaths, ledger: Ledger,
-                console: Console) -> RunResult:
+                console: Console, observer: RoundObserver) -> RunResult:
     t0 = time.perf_counter()
     bar = console.progress(config.population.n_partitions, "population")
     ensure_population(client, config, paths, on_progress=lambda done, n: bar.update(1),
@@ -141,6 +154,7 @@ def _run_rounds(client: Client, config: Config, paths: RunPaths, ledger: Ledger,
         if paths.cancel_flag.exists():
             raise RunCancelled(str(paths.root))
         winning = _winning_table(summary, int(groups.max()) + 1 if size else 1, r)
+        observer.round_started(r)
         t_round = time.perf_counter()
         started_at = time.time()  # on the clock emulated servers' stats are aligned to
         outcomes = _play_round(client, config, paths, ledger, console, r, groups, bounds, winning,
@@ -153,6 +167,7 @@ def _run_rounds(client: Client, config: Config, paths: RunPaths, ledger: Ledger,
         round_times.append(elapsed)
         record = _round_record(rows, outcomes, elapsed, started_at)
         ledger.record_round(r, record)
+        observer.round_finished(r, record)
         counters.update()
         console.line(_round_line(config, r, rows, record))
         problem = next((o.stats.problem for o in outcomes if o.stats.problem), None)

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from support import REPO
+from support import REPO, one_error_line
 
 
 def _table(stdout: str) -> list[dict[str, str]]:
@@ -54,19 +54,34 @@ def test_bench_client_refuses_nonsense_sizes():
     assert "Invalid value for '--requests'" in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.parametrize(("option", "value", "says"), [
+    ("--profile", "h200", "--profile h200: unknown emulator profile 'h200'; known:"),
+    ("--worker-memory", "lots", "--worker-memory lots: expected an amount of memory"),
+    ("--kill-server-at", "5", "--kill-server-at needs --nodes 2 or more"),
+])
+def test_bench_fleet_refuses_a_bad_option_in_one_line_before_starting_anything(option, value,
+                                                                               says):
+    proc = subprocess.run(
+        [sys.executable, "-m", "simpipe.cli", "bench", "fleet", option, value],
+        cwd=REPO, capture_output=True, text=True, timeout=60,
+    )
+    assert one_error_line(proc).startswith(f"error: {says}")
+
+
 @pytest.mark.llm
 @pytest.mark.slow
-def test_bench_engine_answers_the_same_prompts_three_ways():
+def test_bench_engine_answers_the_same_prompts_every_way():
     rows = _bench("engine", "--agents", "8", "--parallel", "4", timeout=600)
     assert [r["engine"] for r in rows] == [
         "raw engine (xllamacpp, in-process threads)",
         "raw engine, no answer grammar",
         "pipeline: llamacpp back-end via Dask",
+        "pipeline: llamacpp, reproducible = true",
         "pipeline: openai back-end -> llama.cpp server",
     ]
     assert all(r["prompts"] == "8" for r in rows)
     # The grammar admits only numbers in range; without it the parser reads what it can.
-    assert [rows[i]["valid_share"] for i in (0, 2, 3)] == ["100%", "100%", "100%"]
+    assert [rows[i]["valid_share"] for i in (0, 2, 3, 4)] == ["100%"] * 4
     assert rows[1]["valid_share"].endswith("%")
     # Every row is timed against the constrained raw engine.
     assert all(float(r["ratio_to_raw"]) > 0 for r in rows[1:])

@@ -103,6 +103,29 @@ def test_endpoint_preference() -> None:
     assert prefer_local(eps, names) == [eps[1], eps[2], eps[0], eps[3]]
 
 
+def test_an_emulated_node_prefers_its_own_servers_on_one_machine() -> None:
+    """Every server here is on 127.0.0.1; a process told it is emulated node 2 prefers
+    node 2's servers, and its endpoint pool falls back to the others."""
+    from simpipe.cluster.endpoints import emulate_node, is_local
+    from simpipe.inference.http import EndpointPool
+    from simpipe.inference.settings import TgiSettings
+
+    eps = [f"http://127.0.0.1:{port}" for port in (8300, 8301, 8302, 8303)]
+    assert all(is_local(e) for e in eps)
+    emulate_node(eps[2:])
+    try:
+        assert [is_local(e) for e in eps] == [False, False, True, True]
+        assert prefer_local(eps) == [eps[2], eps[3], eps[0], eps[1]]
+        pool = EndpointPool(TgiSettings(endpoints=eps, max_concurrency=1))
+        assert {pool._pick(None).name for _ in range(4)} == set(eps[2:])
+        for ep in pool._endpoints[2:]:
+            ep.load = 1  # both saturated: another node's server takes the overflow
+        assert pool._pick(None).name in eps[:2]
+    finally:
+        emulate_node(None)
+    assert all(is_local(e) for e in eps)
+
+
 def test_run_overrides() -> None:
     state = {"name": "c", "state": "ready", "scheduler": "tcp://1.2.3.4:5",
              "endpoint_backend": "openai",
