@@ -16,18 +16,21 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
     FiniteFloat,
     StrictInt,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
 
 from simpipe.cluster.config import ClusterConfig
-from simpipe.games.config import GameConfig
+from simpipe.games.config import AnyGameConfig, BeautyContestConfig, GameConfig
+from simpipe.games.registry import game_for
 from simpipe.inference.settings import (
     LlamaCppSettings,
     OpenAISettings,
@@ -105,10 +108,21 @@ class AgentsConfig(SamplingSettings):
     openai: OpenAISettings = OpenAISettings()
 
 
+def _game_fits_population(game: AnyGameConfig, info: ValidationInfo) -> AnyGameConfig:
+    """The game's own rule on the population (public goods: whole groups only)."""
+    population = info.data.get("population")
+    problem = population is not None and game_for(game).population_problem(population.size)
+    if problem:
+        raise ValueError(problem)
+    return game
+
+
 class Config(_Section):
     run: RunSection = RunSection()
     population: PopulationConfig = PopulationConfig()
-    game: GameConfig = GameConfig()
+    # One of the games' tables, chosen by game.kind (simpipe.games.config).
+    game: Annotated[GameConfig, AfterValidator(_game_fits_population)] = Field(
+        default_factory=BeautyContestConfig)
     agents: AgentsConfig = AgentsConfig()
     cluster: ClusterConfig = ClusterConfig()
 
