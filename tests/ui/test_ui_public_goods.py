@@ -15,6 +15,8 @@ from uiserver import ServerThread, raw_request
 
 from simpipe.runner import run_simulation
 
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
+
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, dask_client) -> Iterator[ServerThread]:
@@ -58,6 +60,8 @@ def test_the_api_gives_the_games_statistics_and_reference(server, results):
 
 @pytest.mark.browser
 def test_the_page_shows_contributions_beside_the_human_data(server, results, tmp_path):
+    """The rounds table's own columns, the chart's series and human line, a bar per point;
+    a screenshot goes to test-artifacts/ui-run-public-goods.png."""
     chromium = Path("/usr/bin/chromium")
     if not chromium.exists():
         pytest.skip("Debian chromium is not installed (.ci/system-deps installs it)")
@@ -67,6 +71,7 @@ def test_the_page_shows_contributions_beside_the_human_data(server, results, tmp
     with sync_playwright() as pw:
         context = pw.chromium.launch_persistent_context(
             str(tmp_path / "profile"), executable_path=str(chromium), headless=True,
+            viewport={"width": 1360, "height": 1000},
             args=["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run"])
         try:
             page = context.new_page()
@@ -82,6 +87,8 @@ def test_the_page_shows_contributions_beside_the_human_data(server, results, tmp
             reference = page.locator("#chart-reference").count()
             bars = page.locator("#chart-hist rect").count()
             heading = page.inner_text("#run-view .grid h3")
+            ARTIFACTS.mkdir(exist_ok=True)
+            page.screenshot(path=str(ARTIFACTS / "ui-run-public-goods.png"), full_page=True)
         finally:
             context.close()
     summary = pd.read_parquet(results / "pg" / "summary.parquet").groupby("round")
