@@ -107,3 +107,22 @@ def test_the_example_runs_and_reports(tmp_path):
     assert human["period"].tolist() == [1, 3] and human["human_pct"].tolist() == [39.5, 31.3]
     assert simpipe_cli("validate", str(REPO / "examples" / "public-goods-llm.toml")
                        ).returncode == 0
+
+
+@pytest.mark.llm
+@pytest.mark.slow
+def test_the_llm_example_plays_with_the_embedded_model(tmp_path):
+    """Two rounds of 8 agents with Gemma 3 270M: every answer a whole contribution in range
+    (the grammar), two groups of 4 reduced per round."""
+    out = tmp_path / "results"
+    proc = simpipe_cli("run", str(REPO / "examples" / "public-goods-llm.toml"),
+                       "--set", f"run.output_dir='{out}'", "--set", "population.size=8",
+                       "--set", "population.partitions=1", "--set", "game.rounds=2",
+                       "--set", "cluster.dashboard_address=''")
+    assert proc.returncode == 0, proc.stderr
+    rounds = read_rounds(out / "public-goods-llm")
+    assert len(rounds) == 16 and (rounds["status"] == "ok").all()
+    assert rounds["guess"].between(0, 20).all() and (rounds["guess"] % 1 == 0).all()
+    summary = read_summary(out / "public-goods-llm")
+    assert (summary["n"] == 4).all() and len(summary) == 4
+    assert "round 2/2: contribution" in proc.stdout
