@@ -237,7 +237,8 @@ function histogram(run) {
       s("title", {}, `${fmt.num(hist.edges[i], 1)}–${fmt.num(hist.edges[i + 1], 1)}: ${c}`)));
   });
   for (let i = 0; i <= 4; i++) {
-    const v = lo + ((hi - lo) * i) / 4;
+    // Whole numbers inside the bins' span (one bar per point spans -0.5..20.5: 0 to 20).
+    const v = Math.min(Math.max(Math.round(lo + ((hi - lo) * i) / 4), Math.ceil(lo)), Math.floor(hi));
     svg.append(s("text", { x: x(v), y: H - B + 16, "text-anchor": "middle" }, fmt.num(v, 0)));
   }
   svg.append(s("line", { class: "axis", x1: L, x2: W - R, y1: H - B, y2: H - B }));
