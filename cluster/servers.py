@@ -22,6 +22,7 @@ from pathlib import Path
 
 from simpipe.cluster import slurm
 from simpipe.cluster.config import ClusterConfig, ServersConfig
+from simpipe.errors import SimpipeError
 
 TEMPLATES: dict[str, str] = {
     # text-generation-inference; one shard per GPU of the server.
@@ -42,7 +43,7 @@ ENDED_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PRE
                 "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
 
 
-class ServerError(RuntimeError):
+class ServerError(SimpipeError, RuntimeError):
     """Servers could not be started or never became healthy; the message says why."""
 
 

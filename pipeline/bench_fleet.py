@@ -51,6 +51,7 @@ from simpipe.cluster import slurm
 from simpipe.cluster.endpoints import emulate_node
 from simpipe.config import Config, config_from_dict
 from simpipe.console import Console
+from simpipe.errors import SimpipeError
 from simpipe.estimate import STATS_PATH, fetch_stats, fleet_edges, fleet_window
 from simpipe.runner import RoundObserver, run_simulation
 from simpipe.tables import markdown_table
@@ -59,7 +60,7 @@ DEFAULT_PORT = 19300
 WEAK_NODES = (1, 2, 4)
 
 
-class FleetError(ValueError):
+class FleetError(SimpipeError, ValueError):
     """A bench option that cannot work; the message names the option."""
 
 
@@ -149,7 +150,7 @@ def free_port_range(count: int, start: int = DEFAULT_PORT) -> int:
         if all(_port_free(p) for p in range(port, port + count)):
             return port
         port += count
-    raise RuntimeError(f"no {count} consecutive free ports from {start}")
+    raise FleetError(f"no {count} consecutive free ports from {start}; pass --port")
 
 
 def _port_free(port: int) -> bool:
@@ -468,10 +469,3 @@ def run_bench(case: FleetCase, *, weak_scaling: bool = False, agents_per_gpu: in
             echo(line)
     return results
 
-
-def bench_errors() -> tuple[type[Exception], ...]:
-    """What the command reports as one line: options, configuration, SLURM, servers, cluster."""
-    from simpipe.cluster.connect import ClusterError  # noqa: PLC0415
-    from simpipe.config import ConfigError  # noqa: PLC0415
-
-    return (FleetError, ConfigError, slurm.SlurmError, srv.ServerError, ClusterError)

@@ -10,7 +10,6 @@ by a full disk, say) is moved aside, never deleted, and the partition is played 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +21,7 @@ from simpipe.agents.registry import get_policy
 from simpipe.aio import gc_paused
 from simpipe.config import Config
 from simpipe.files import move_aside, write_parquet_atomic
+from simpipe.games.partials import Partial
 from simpipe.games.registry import game_for
 from simpipe.integrity import CorruptFile, read_part
 from simpipe.layout import RunPaths
@@ -57,7 +57,7 @@ class PartitionJob:
 @dataclass
 class PartitionOutcome:
     partition: int
-    partial: Any  # the game's (Game.partial)
+    partial: Partial  # the game's (Game.partial)
     n_agents: int
     tokens_in: int
     tokens_out: int

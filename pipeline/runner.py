@@ -29,11 +29,17 @@ import numpy as np
 import pandas as pd
 from distributed import Client, as_completed
 
-from simpipe.agents.registry import backend_supports_distributions, process_counters, prompt_style
+from simpipe.agents.registry import (
+    backend_supports_distributions,
+    close_engines_on_shutdown,
+    process_counters,
+    prompt_style,
+)
 from simpipe.agents.shared_answers import sharing_refusal
 from simpipe.cluster.connect import make_client
 from simpipe.config import Config
 from simpipe.console import Console
+from simpipe.errors import EXIT_CANCELLED, SimpipeError
 from simpipe.estimate import report_estimate
 from simpipe.files import move_aside, remove_stale_temps, write_parquet_atomic
 from simpipe.games.base import Game
@@ -42,13 +48,19 @@ from simpipe.games.registry import game_for
 from simpipe.integrity import CorruptFile, read_ledger, read_summary, round_problems
 from simpipe.layout import RunPaths
 from simpipe.ledger import Ledger, RunDirError, open_run_dir
+from simpipe.orchestration import run_config
 from simpipe.personas.sampling import partition_bounds
 from simpipe.population import ensure_population
 from simpipe.round_task import ROW_COLUMNS, PartitionJob, PartitionOutcome, play_partition
 
 
-class RunCancelled(RuntimeError):
+class RunCancelled(SimpipeError, RuntimeError):
     """The run was asked to stop (a CANCEL file); it stopped between rounds, resumable."""
+
+    exit_code = EXIT_CANCELLED
+
+    def cli_lines(self) -> list[str]:
+        return []  # the run has said it on the console and in run.log, with how to resume
 
 
 class RoundObserver:
@@ -78,20 +90,40 @@ class RunResult:
 
 @contextmanager
 def _client_for(config: Config, client: Client | None) -> Iterator[Client]:
-    if client is not None:
-        with nullcontext(client) as c:
-            yield c
-    else:
-        with make_client(config.cluster) as c:
-            yield c
+    with nullcontext(client) if client is not None else make_client(config.cluster) as c:
+        if config.agents.plugin.is_llm:
+            close_engines_on_shutdown(c)
+        yield c
 
 
 def run_simulation(config: Config, *, resume: bool = False, force: bool = False,
                    client: Client | None = None, console: Console | None = None,
-                   observer: RoundObserver | None = None) -> RunResult:
-    """Run (or resume) the configured simulation and return its summary."""
+                   observer: RoundObserver | None = None, emulate: bool = False,
+                   cluster_name: str | None = None) -> RunResult:
+    """Run (or resume) the configured simulation and return its summary, as ``simpipe run``
+    does (``simpipe.orchestration``): ``[cluster.servers]`` are started for this run and
+    stopped at its end; ``emulate`` is ``--emulate`` (a dry run with emulated GPU servers,
+    results in ``<run.name>-emulated``), ``cluster_name`` is ``--cluster NAME`` (a cluster
+    from ``simpipe cluster up``, its servers too). ``observer`` is told when each round
+    starts and ends.
+
+    With ``client``, the caller owns the cluster, workers and servers alike: nothing is
+    started and the config's endpoints are used as they are.
+    """
     console = console or Console()
     observer = observer or RoundObserver()
+    if client is not None and (emulate or cluster_name):
+        raise SimpipeError("run_simulation: client= runs on your own cluster, which emulate= "
+                           "and cluster_name= would replace; pass one or the other")
+    if client is not None:
+        return _run(config, resume, force, client, console, observer)
+    with run_config(config, emulate=emulate, cluster_name=cluster_name,
+                    console=console) as ready:
+        return _run(ready, resume, force, None, console, observer)
+
+
+def _run(config: Config, resume: bool, force: bool, client: Client | None,
+         console: Console, observer: RoundObserver) -> RunResult:
     paths = RunPaths(config.run_dir)
     if not force:
         _check_ledger(paths)
@@ -346,9 +378,14 @@ class _CounterWatch:
         for worker, now in self.client.run(process_counters).items():
             then = self.start.get(worker, {})
             for name, values in now.items():
+                delta = {key: value - then.get(name, {}).get(key, 0)
+                         for key, value in values.items()}
+                if name not in total and not any(delta.values()):
+                    # A back-end an earlier run left in a shared worker, idle in this one.
+                    continue
                 slot = total.setdefault(name, {})
-                for key, value in values.items():
-                    slot[key] = slot.get(key, 0) + value - then.get(name, {}).get(key, 0)
+                for key, value in delta.items():
+                    slot[key] = slot.get(key, 0) + value
         self.ledger.data["endpoints"] = total
         self.ledger.save()
 
