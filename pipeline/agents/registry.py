@@ -105,11 +105,14 @@ def get_policy(agents: AgentsConfig) -> AgentPolicy:
 
 def process_counters() -> dict[str, dict]:
     """Per-endpoint counters of every engine in this process (run on each worker)."""
+    # Counters belong to engines (policies without one have none), and one engine serves
+    # every policy and persona builder on the same settings: summing over policies would
+    # count an engine once per agents config that used it.
     with _lock:
-        policies = list(_policies.values())
+        engines = list(_engines.values())
     total: dict[str, dict] = {}
-    for policy in policies:
-        for endpoint, counts in policy.counters().items():
+    for engine in engines:
+        for endpoint, counts in engine.counters().items():
             slot = total.setdefault(endpoint, {})
             for key, value in counts.items():
                 if isinstance(value, int | float):
