@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from pathlib import Path
@@ -23,8 +22,15 @@ from simpipe.cluster.config import SlurmClusterConfig
 from simpipe.cluster.process_identity import is_process_id
 from simpipe.errors import SimpipeError
 from simpipe.files import write_json_atomic
+from simpipe.integrity import (
+    CorruptFile,
+    ProcessId,
+    StrictRecord,
+    read_json_record,
+)
 
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+MAX_STATE_BYTES = 2**20  # a state file lists jobs and servers: kilobytes
 
 
 class StateError(SimpipeError, RuntimeError):
@@ -96,19 +102,46 @@ def read_section(name: str) -> SlurmClusterConfig:
                      f"then `simpipe cluster up CONFIG --name {name}` starts it again")
 
 
+class _Server(StrictRecord):
+    index: int
+    job_id: str | int
+    url: str | None = None
+    healthy: bool | None = None
+
+
+class _ClusterState(StrictRecord):
+    """The fields of a state file that commands and the web UI use, with their types."""
+
+    state: str = "unknown"
+    scheduler: str | None = None
+    dashboard: str | None = None
+    manager_pid: ProcessId | None = None
+    error: str | None = None
+    worker_jobs: list[str | int] = []
+    servers: list[_Server] = []
+    worker_job_name: str | None = None
+    server_job_name: str | None = None
+
+
+def read_state_file(path: Path) -> dict[str, Any]:
+    """A state file, checked: CorruptFile when it is missing, too big, not a JSON object or
+    a field has the wrong type (the web UI reads any file in the folder this way)."""
+    return read_json_record(path, _ClusterState, MAX_STATE_BYTES)
+
+
 def read_state(name: str) -> dict[str, Any]:
+    """Cluster ``name``'s state; StateError saying what to do when it is missing or broken."""
     path = state_path(name)
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
+    if not path.exists():
         folder = clusters_dir()
         known = sorted(p.stem for p in folder.glob("*.json")) if folder.is_dir() else []
         raise StateError(f"no cluster named {name!r} ({path} missing); start one with "
                          f"`simpipe cluster up CONFIG --name {name}`"
-                         + (f"; known: {', '.join(known)}" if known else "")) from None
-    except (OSError, ValueError) as exc:
-        raise StateError(f"{path}: unreadable cluster state ({exc}); `simpipe cluster down "
-                         f"{name}` cleans it up") from None
+                         + (f"; known: {', '.join(known)}" if known else ""))
+    try:
+        return read_state_file(path)
+    except CorruptFile as exc:
+        raise StateError(f"{exc}; `simpipe cluster down {name}` cleans it up") from None
 
 
 def write_state(name: str, data: dict[str, Any]) -> None:

@@ -56,6 +56,7 @@ from simpipe.console import Console
 from simpipe.errors import SimpipeError
 from simpipe.estimate import STATS_PATH, fetch_stats, fleet_edges, fleet_window
 from simpipe.inference.emulator_profiles import get_profile
+from simpipe.results import read_ledger
 from simpipe.runner import RoundObserver, run_simulation
 from simpipe.tables import markdown_table
 
@@ -296,7 +297,7 @@ def run_fleet_case(case: FleetCase, workdir: Path,
                 if timer is not None:
                     timer.cancel()
         stats, problems = fetch_stats(urls)
-    ledger = json.loads((result.run_dir / "run.json").read_text())
+    ledger = read_ledger(result.run_dir)
     if kill is not None and kill.at_s:
         kill.round = _round_at(ledger, started[0] + kill.at_s)
     rows = _rows(case, ledger, stats, observer.usage)

@@ -58,6 +58,31 @@ def test_a_damaged_section_is_an_error_naming_the_file(
     assert "simpipe cluster down c" in str(err.value)
 
 
+@pytest.mark.parametrize(("content", "problem"), [
+    ('{"state": "ready", "scheduler": ', "not valid JSON"),
+    ('["ready"]', "a JSON array, expected an object"),
+    ('{"state": "ready", "manager_pid": "12"}', "manager_pid: input should be a valid integer"),
+    ('{"state": "ready", "servers": [{"url": "http://x"}]}', "servers.0.index: field required"),
+])
+def test_a_damaged_state_file_is_an_error_naming_the_file_and_the_field(
+        simpipe_home: Path, content: str, problem: str) -> None:
+    """The commands read a state file with the checks the web UI applies (they read it
+    unchecked before: a wrong type surfaced later as a traceback)."""
+    state_path("c").parent.mkdir(parents=True)
+    state_path("c").write_text(content)
+    with pytest.raises(StateError) as err:
+        read_state("c")
+    assert str(err.value).startswith(f"{state_path('c')}: {problem}")
+    assert str(err.value).endswith("`simpipe cluster down c` cleans it up")
+
+
+def test_a_state_file_reads_back_as_written(simpipe_home: Path) -> None:
+    write_state("c", READY)
+    assert read_state("c") == READY
+    with pytest.raises(StateError, match=r"^no cluster named 'd' .*; known: c$"):
+        read_state("d")
+
+
 def test_a_run_on_a_cluster_whose_section_is_damaged_stops_naming_the_file(
         simpipe_home: Path, tmp_path: Path) -> None:
     """Once it fell back to default servers settings: an emulated cluster's run then went
