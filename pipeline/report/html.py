@@ -9,6 +9,8 @@ from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING
 
+from simpipe.tables import format_cell
+
 if TYPE_CHECKING:
     from simpipe.report.build import FigureItem, Report, TableSection
 
@@ -80,17 +82,6 @@ def _figure(item: FigureItem) -> str:
     return (f"<figure><img src='data:image/png;base64,{data}' alt='{alt}'>"
             f"<figcaption>{alt} (<code>figures/{html.escape(item.path.name)}</code>)"
             "</figcaption></figure>")
-
-
-def format_cell(value: object, fmt: str | None) -> str:
-    if value is None or (isinstance(value, float) and value != value):
-        return ""
-    if fmt and not isinstance(value, str):
-        try:
-            return fmt.format(value)
-        except (ValueError, TypeError):
-            return str(value)
-    return f"{value:.3g}" if isinstance(value, float) else str(value)
 
 
 def _runs_line(report: Report) -> str:
