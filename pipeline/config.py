@@ -33,11 +33,8 @@ from pydantic import (
 from simpipe.backends import (
     BACKEND_NAMES,
     BACKENDS,
-    DEPTH_LIMIT,  # noqa: F401 - re-exported: the bounds of [agents.scripted]
-    LATENCY_LIMIT_S,  # noqa: F401
     LLM_BACKENDS,
     BackendPlugin,
-    ScriptedSettings,  # noqa: F401 - re-exported
 )
 from simpipe.cluster.config import KIND_ERROR, ClusterConfig, LocalClusterConfig
 from simpipe.errors import SimpipeError
