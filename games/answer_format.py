@@ -321,6 +321,20 @@ def number_regex(
     return _rx_up_to_marker(marker) + number
 
 
+def number_lark(low: float, high: float, *, decimals: int = DEFAULT_DECIMALS) -> str:
+    """The basic answer (``number_regex``, same language) as an llguidance grammar, which
+    llama.cpp builds with llguidance take in place of GBNF.
+
+    Why: llama.cpp checks a sampled token against a GBNF grammar cheaply, but when the
+    token is rejected it applies the grammar to the whole vocabulary (262,144 tokens for
+    Gemma 3) before it samples again, and a small base model's first token is often not a
+    digit. llguidance computes the allowed-token mask from a token trie instead (measured:
+    docs/measurements.md, "The answer grammar's cost").
+    """
+    pattern = number_regex(low, high, decimals=decimals).replace("/", "\\/")
+    return f"%llguidance {{}}\nstart: /{pattern}/\n"
+
+
 def number_json_schema(low: float, high: float, *, integer: bool = False) -> dict:
     """JSON schema ``{"number": <low..high>}`` (``integer``: a whole number).
 

@@ -18,6 +18,7 @@ from simpipe.games.answer_format import (
     IntegerAnswers,
     number_grammar,
     number_json_schema,
+    number_lark,
     number_regex,
 )
 from simpipe.games.parsing import parse_many
@@ -52,6 +53,13 @@ class NumberAnswer:
     def regex(self) -> str:
         """A look-ahead free regex (TGI, vLLM)."""
         return number_regex(self.low, self.high, self.cot, marker=self.marker)
+
+    def lark(self) -> str | None:
+        """The basic answer as an llguidance grammar (embedded llama.cpp); None for chain of
+        thought, which keeps its GBNF grammar (free reasoning rarely meets a rejection)."""
+        if self.cot:
+            return None
+        return number_lark(self.low, self.high)
 
     def json_schema(self) -> dict | None:
         """``{"number": ...}``; None for chain of thought (the reasoning is free text)."""

@@ -5,8 +5,9 @@ the first ``n_parallel`` prompts sent once before the clock starts (prompt cache
 first-batch allocations are a one-off cost a long run amortises):
 
 1. raw engine: xllamacpp called directly, one thread per slot (the fastest in-process
-   set-up measured), no Dask, no Parquet; then the same without the answer grammar (what
-   the grammar costs: its throughput against the constrained row's);
+   set-up measured), no Dask, no Parquet, the answer grammar sent as the pipeline sends it
+   (llguidance); then with llama.cpp's GBNF grammar, and without a grammar (what each form
+   of the constraint costs: its throughput against the others');
 2. pipeline, ``llamacpp`` back-end: a full round through Dask (one worker process that
    plays two partitions at a time, so the slots never drain between partitions); then the
    same with ``agents.reproducible = true`` (calls one at a time: what reproducibility costs);
@@ -36,7 +37,13 @@ from simpipe.config import Config, config_from_dict
 from simpipe.console import Console
 from simpipe.games.parsing import parse_many
 from simpipe.inference.base import GenerationRequest
-from simpipe.inference.llamacpp import build_params, open_engine, request_body, resolve_model_path
+from simpipe.inference.llamacpp import (
+    build_params,
+    open_engine,
+    request_body,
+    resolve_model_path,
+    supports_llguidance,
+)
 from simpipe.inference.llamacpp_server import LlamaCppProcess
 from simpipe.layout import RunPaths
 from simpipe.memory import PeakMemory
@@ -89,15 +96,27 @@ def _latency_row(name: str, latencies: np.ndarray, tokens_out: int, wall: float)
     }
 
 
+RAW_ROWS = {
+    "pipeline": "raw engine (xllamacpp, in-process threads)",
+    "gbnf": "raw engine, GBNF answer grammar",
+    "none": "raw engine, no answer grammar",
+}
+
+
 def raw_engine(requests: list[GenerationRequest], n_parallel: int, model_path: Path,
-               constrained: bool = True) -> dict:
-    """xllamacpp alone: one blocking call per request from n_parallel threads; without
-    ``constrained`` the same requests go without their grammar (the answers are then read
-    by the tolerant parser, as the valid share says)."""
+               grammar: str = "pipeline") -> dict:
+    """xllamacpp alone: one blocking call per request from n_parallel threads.
+
+    ``grammar``: "pipeline" sends the answer constraint as the ``llamacpp`` back-end does
+    (llguidance when the build has it); "gbnf" forces llama.cpp's own GBNF grammar; "none"
+    sends no grammar (the answers are then read by the tolerant parser, as the valid share
+    says): what each costs is its throughput against the others'.
+    """
     server = open_engine(build_params(model_path, n_parallel=n_parallel, n_ctx=0, threads=0))
-    if not constrained:
+    if grammar == "none":
         requests = [replace(r, constraint=None) for r in requests]
-    bodies = [request_body(r, cache_prompt=True)[1] for r in requests]
+    llguidance = grammar == "pipeline" and supports_llguidance(server)
+    bodies = [request_body(r, cache_prompt=True, llguidance=llguidance)[1] for r in requests]
     texts: list[str | None] = [None] * len(bodies)
 
     def call(i: int) -> tuple[float, int]:
@@ -113,10 +132,8 @@ def raw_engine(requests: list[GenerationRequest], n_parallel: int, model_path: P
         results = list(pool.map(call, range(len(bodies))))
         wall = time.perf_counter() - start
     server = None  # the last reference: ~Server frees the model before the next row
-    name = ("raw engine (xllamacpp, in-process threads)" if constrained
-            else "raw engine, no answer grammar")
-    row = _latency_row(name, np.array([r[0] for r in results]), sum(r[1] for r in results),
-                       wall)
+    row = _latency_row(RAW_ROWS[grammar], np.array([r[0] for r in results]),
+                       sum(r[1] for r in results), wall)
     _, statuses = parse_many(texts, 0, 100)
     return row | {"valid_share": float(np.mean(statuses == "ok"))}
 
@@ -150,12 +167,10 @@ def run_engine_bench(agents: int, n_parallel: int = 32) -> list[dict]:
             ensure_population(client, config, RunPaths(config.run_dir))
             requests = _requests(config)
             warm = requests[:n_parallel]
-            with PeakMemory() as mem:
-                row = raw_engine(requests, n_parallel, model)
-            rows.append(row | {"peak_rss_gib": mem.peak_gib})
-            with PeakMemory() as mem:
-                row = raw_engine(requests, n_parallel, model, constrained=False)
-            rows.append(row | {"peak_rss_gib": mem.peak_gib})
+            for grammar in RAW_ROWS:
+                with PeakMemory() as mem:
+                    row = raw_engine(requests, n_parallel, model, grammar)
+                rows.append(row | {"peak_rss_gib": mem.peak_gib})
             with PeakMemory() as mem:
                 row = _pipeline_row("pipeline: llamacpp back-end via Dask", config, client, warm)
             rows.append(row | {"peak_rss_gib": mem.peak_gib})

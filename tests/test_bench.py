@@ -75,6 +75,7 @@ def test_bench_engine_answers_the_same_prompts_every_way():
     rows = _bench("engine", "--agents", "8", "--parallel", "4", timeout=600)
     assert [r["engine"] for r in rows] == [
         "raw engine (xllamacpp, in-process threads)",
+        "raw engine, GBNF answer grammar",
         "raw engine, no answer grammar",
         "pipeline: llamacpp back-end via Dask",
         "pipeline: llamacpp, reproducible = true",
@@ -82,8 +83,8 @@ def test_bench_engine_answers_the_same_prompts_every_way():
     ]
     assert all(r["prompts"] == "8" for r in rows)
     # The grammar admits only numbers in range; without it the parser reads what it can.
-    assert [rows[i]["valid_share"] for i in (0, 2, 3, 4)] == ["100%"] * 4
-    assert rows[1]["valid_share"].endswith("%")
+    assert [rows[i]["valid_share"] for i in (0, 1, 3, 4, 5)] == ["100%"] * 5
+    assert rows[2]["valid_share"].endswith("%")
     # Every row is timed against the constrained raw engine.
     assert all(float(r["ratio_to_raw"]) > 0 for r in rows[1:])
     assert all(float(r["peak_rss_gib"]) > 0.1 for r in rows)  # the model is resident

@@ -61,7 +61,7 @@ def prompting(game: AnyGameConfig, style: str) -> tuple[PromptBuilder, OutputCon
     """The prompt builder and answer constraint of a game (built once per process)."""
     answer = game_for(game).answer()
     constraint = OutputConstraint(gbnf=answer.grammar(), regex=answer.regex(),
-                                  json_schema=answer.json_schema())
+                                  json_schema=answer.json_schema(), lark=answer.lark())
     return PromptBuilder(game, style), constraint
 
 

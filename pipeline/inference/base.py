@@ -21,7 +21,7 @@ import numpy as np
 class OutputConstraint:
     """What the answer is allowed to look like, in each dialect servers accept.
 
-    A back-end uses the first form its server supports (llama.cpp: ``gbnf``; TGI:
+    A back-end uses the first form its server supports (llama.cpp: ``lark``, ``gbnf``; TGI:
     ``regex``; vLLM / OpenAI-compatible: ``regex`` or ``json_schema``) and otherwise sends
     no constraint and relies on the tolerant parser.
     """
@@ -29,6 +29,9 @@ class OutputConstraint:
     gbnf: str | None = None
     regex: str | None = None
     json_schema: dict | None = None
+    #: The same language as an llguidance grammar: the embedded llama.cpp sends it instead
+    #: of ``gbnf`` when its build has llguidance (see ``simpipe.games.answer_format``).
+    lark: str | None = None
 
 
 @dataclass(frozen=True)

@@ -187,8 +187,24 @@ def open_engine(params: Any) -> Any:
     return xllamacpp.Server(params)
 
 
-def request_body(req: GenerationRequest, cache_prompt: bool) -> tuple[bool, dict]:
-    """(is_chat, the OpenAI-style body llama.cpp takes) for one request."""
+_LLGUIDANCE_CHECK = {"prompt": "0", "max_tokens": 1, "temperature": 0.0, "n_probs": 0,
+                     "grammar": '%llguidance {}\nstart: "7"\n', "cache_prompt": False}
+
+
+def supports_llguidance(server: Any) -> bool:
+    """Whether this llama.cpp build takes llguidance grammars: one one-token call that only
+    such a build answers with "7" (another rejects the grammar or ignores it)."""
+    try:
+        response = server.handle_completions(dict(_LLGUIDANCE_CHECK))
+        return response["choices"][0]["text"] == "7"
+    except (*_CALL_ERRORS, AttributeError):
+        return False
+
+
+def request_body(req: GenerationRequest, cache_prompt: bool,
+                 llguidance: bool = False) -> tuple[bool, dict]:
+    """(is_chat, the OpenAI-style body llama.cpp takes) for one request; ``llguidance``:
+    the engine takes llguidance grammars, so the constraint's ``lark`` form goes first."""
     body: dict[str, Any] = {
         "max_tokens": req.max_tokens,
         "temperature": req.temperature,
@@ -204,7 +220,9 @@ def request_body(req: GenerationRequest, cache_prompt: bool) -> tuple[bool, dict
     if req.constraint is not None:
         # llama.cpp's own JSON-schema converter ignores a number's minimum/maximum
         # (docs/measurements.md), so a hand-written grammar wins whenever there is one.
-        if req.constraint.gbnf:
+        if llguidance and req.constraint.lark:
+            body["grammar"] = req.constraint.lark
+        elif req.constraint.gbnf:
             body["grammar"] = req.constraint.gbnf
         elif req.constraint.json_schema is not None:
             body["json_schema"] = req.constraint.json_schema
@@ -331,6 +349,7 @@ class LlamaCppBackend(Backend):
             threads=settings.threads,
         )
         self._server: Any = open_engine(params)
+        self.llguidance = supports_llguidance(self._server)
         # One blocked thread per slot keeps every slot busy; more would only queue
         # inside llama.cpp.
         self._pool = ThreadPoolExecutor(
@@ -375,7 +394,8 @@ class LlamaCppBackend(Backend):
         with self._lock.exclusive():
             results = []
             for i, req in enumerate(requests):
-                is_chat, body = request_body(req, cache_prompt=i > 0)
+                is_chat, body = request_body(req, cache_prompt=i > 0,
+                                             llguidance=self.llguidance)
                 body["id_slot"] = LONE_SLOT
                 results.append(self._call(is_chat, body))
             return results
@@ -440,7 +460,8 @@ class LlamaCppBackend(Backend):
         else:
             futures = [
                 loop.run_in_executor(self._pool, self._batched_call,
-                                     *request_body(req, cache_prompt=True))
+                                     *request_body(req, cache_prompt=True,
+                                                   llguidance=self.llguidance))
                 for req in requests
             ]
             results = list(await asyncio.gather(*futures))

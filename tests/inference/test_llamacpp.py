@@ -11,6 +11,7 @@ import urllib.request
 
 import pytest
 
+from simpipe.games.answers import NumberAnswer
 from simpipe.inference.base import GenerationRequest, OutputConstraint
 from simpipe.inference.llamacpp import LlamaCppBackend, default_model_path, resolve_model_path
 from simpipe.inference.llamacpp_server import LlamaCppProcess
@@ -60,6 +61,22 @@ def test_sixteen_grammar_prompts_give_integers(backend):
         assert r.latency_s > 0 and r.finish_reason in ("stop", "length")
     counters = backend.counters()["llamacpp"]
     assert counters["requests"] >= 16 and counters["errors"] == 0
+
+
+def test_the_shipped_engine_takes_the_answer_as_an_llguidance_grammar(backend):
+    """The build has llguidance, so the per-agent answer goes as the cheaper llguidance
+    grammar, and it admits exactly the game's numbers: 0..20 for the public goods game
+    (GBNF for 0..100 sent alongside must not be what the engine used)."""
+    assert backend.llguidance
+    answer = NumberAnswer(0, 20)
+    only_lark = OutputConstraint(gbnf=INT_0_100.gbnf, lark=answer.lark())
+    requests = [GenerationRequest(prompt=_prompt(i), max_tokens=4, temperature=1.5,
+                                  seed=2000 + i, constraint=only_lark) for i in range(24)]
+    results = _run(backend.generate(requests))
+    values, statuses = answer.parse_many([r.text for r in results])
+    assert (statuses == "ok").all(), [r.text for r in results]
+    assert ((values >= 0) & (values <= 20)).all()
+    assert len(set(values.tolist())) > 3  # sampled, not one forced answer
 
 
 def test_chat_messages_request(backend):
