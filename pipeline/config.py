@@ -56,9 +56,15 @@ class _Section(BaseModel):
 
 
 class RunSection(_Section):
-    name: str = "simpipe-run"
-    seed: StrictInt = Field(42, ge=0, le=SEED_MAX)
-    output_dir: str = "results"
+    """What the run is called, where its results go, and the seed of everything random."""
+
+    name: str = Field("simpipe-run", description=(
+        "results go to `<output_dir>/<name>/`; letters, digits, `.`, `_`, `-`, at most 128 "
+        "characters, not starting with `.` or `-`"))
+    seed: StrictInt = Field(42, ge=0, le=SEED_MAX, description=(
+        "seeds the population, the groups, the scripted agents and every LLM request: the same "
+        "seed gives the same run"))
+    output_dir: str = Field("results", description="the results root")
 
     @field_validator("name")
     @classmethod
@@ -106,6 +112,15 @@ class AgentsConfig(SamplingSettings):
 
 
 class Config(_Section):
+    """A config file is TOML with these sections. Every section may be left out, and so may
+    every key that is not marked "required". ``--set key=value`` overrides any key on the
+    command line (values are TOML; bare words are strings):
+    ``simpipe run cfg.toml --set game.rounds=5``. A key that is not listed here, or a value
+    outside what is allowed, makes ``simpipe validate`` and ``simpipe run`` exit with
+    status 2 and one line per problem naming the key, the value and what is allowed;
+    integers are strict (``true`` is not 1) and numbers finite.
+    """
+
     run: RunSection = RunSection()
     population: PopulationConfig = PopulationConfig()
     game: GameConfig = GameConfig()

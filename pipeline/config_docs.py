@@ -331,10 +331,11 @@ def _union_members(annotation: Any) -> list[Any]:
 
 
 def _strip_optional(annotation: Any) -> Any:
-    members = _union_members(annotation)
-    if len(members) == 1 and len(get_args(annotation)) == 2:
-        return members[0]
-    return annotation
+    """``X | None`` -> ``X`` (with its ``Annotated`` constraints); anything else unchanged."""
+    if get_origin(annotation) not in (Union, types.UnionType):
+        return annotation
+    others = [a for a in get_args(annotation) if a is not type(None)]
+    return others[0] if len(others) == 1 else annotation
 
 
 def _is_model(annotation: Any) -> bool:
@@ -361,8 +362,12 @@ def _member_names(members: list[type[BaseModel]]) -> list[str]:
 
 
 def _docstring(model: type[BaseModel]) -> str:
-    doc = model.__dict__.get("__doc__")
-    return inspect.cleandoc(doc) if doc else ""
+    """The model's docstring, then those of the models it extends (a section inherits their
+    keys, so it inherits what they say about them)."""
+    docs = [inspect.cleandoc(c.__dict__["__doc__"]) for c in model.__mro__
+            if isinstance(c, type) and issubclass(c, BaseModel) and c is not BaseModel
+            and c.__dict__.get("__doc__")]
+    return "\n\n".join(docs)
 
 
 def _cell(text: str) -> str:
