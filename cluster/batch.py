@@ -17,7 +17,7 @@ import shlex
 import sys
 from dataclasses import dataclass
 
-from simpipe.cluster.config import ClusterConfig
+from simpipe.cluster.config import SlurmClusterConfig
 from simpipe.cluster.servers import server_command
 from simpipe.cluster.slurm import placement_directives
 
@@ -37,7 +37,7 @@ class BatchOptions:
     overcommit: bool = False  # more tasks than CPUs (small test machines)
 
 
-def servers_per_node(cluster: ClusterConfig, gpus_per_node: int) -> int:
+def servers_per_node(cluster: SlurmClusterConfig, gpus_per_node: int) -> int:
     cfg = cluster.servers
     if cfg.kind == "none":
         return 0
@@ -54,7 +54,7 @@ def _memory_mb(text: str) -> int:
     return int(float(m.group(1)) * {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024**2}[unit])
 
 
-def batch_script(cluster: ClusterConfig, opts: BatchOptions) -> str:
+def batch_script(cluster: SlurmClusterConfig, opts: BatchOptions) -> str:
     """The text of the batch script."""
     if opts.nodes < 1 or opts.workers_per_node < 1:
         raise ValueError("--nodes and --workers-per-node must be >= 1")
@@ -121,7 +121,7 @@ def batch_script(cluster: ClusterConfig, opts: BatchOptions) -> str:
     return "\n".join(lines) + "\n"
 
 
-def batch_endpoints(cluster: ClusterConfig) -> list[str]:
+def batch_endpoints(cluster: SlurmClusterConfig) -> list[str]:
     """Inside the job: the URLs of the servers the batch script started."""
     from simpipe.cluster import slurm  # noqa: PLC0415
 

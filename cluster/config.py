@@ -1,9 +1,18 @@
-"""``[cluster]``: where the Dask workers run. Knows nothing of games or personas."""
+"""``[cluster]``: where the Dask workers run. Knows nothing of games or personas.
+
+Each ``cluster.kind`` is a plug-in (``CLUSTER_KINDS``): a settings model holding only that
+kind's keys, and the function that connects a client for it. ``ClusterConfig`` is their
+union, discriminated on ``kind``.
+"""
 
 from __future__ import annotations
 
+import importlib
 import re
-from typing import Any, Literal
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Annotated, Any, ClassVar, Literal, Union
 
 from dask.utils import parse_bytes
 from pydantic import (
@@ -11,7 +20,10 @@ from pydantic import (
     ConfigDict,
     Field,
     FiniteFloat,
+    Discriminator,
     StrictInt,
+    Tag,
+    TypeAdapter,
     field_validator,
     model_validator,
 )
@@ -165,19 +177,75 @@ class ServersConfig(_Section):
         return self.emulated.gpus_per_process if self.kind == "emulated" else 1
 
 
-class ClusterConfig(_Section):
-    kind: Literal["local", "address", "slurm"] = "local"
-    # local: a distributed.LocalCluster of worker processes on this machine
-    workers: StrictInt = Field(2, ge=1)
-    threads_per_worker: StrictInt = Field(1, ge=1)
-    memory_limit: str = "auto"  # per worker, e.g. "4GiB"; "auto": RAM / workers
+class _Cluster(_Section):
+    """What every cluster kind has: the inference servers its runs use."""
+
+    servers: ServersConfig = ServersConfig()
+
+    #: Whether this kind starts server jobs; the others run only emulated servers (as
+    #: local processes).
+    server_jobs: ClassVar[bool] = False
+
+    @model_validator(mode="after")
+    def _servers_run_here(self) -> _Cluster:
+        if not self.server_jobs and self.servers.kind not in ("none", "emulated"):
+            kind = self.model_fields["kind"].default  # type: ignore[index]
+            raise ValueError(f'cluster.servers.kind = "{self.servers.kind}" needs cluster.kind = '
+                             f'"slurm" (servers run as SLURM jobs); set cluster.servers.kind = '
+                             f'"none" with cluster.kind = "{kind}" (emulated servers also run '
+                             "as local processes)")
+        return self
+
+
+class _WithDashboard(_Cluster):
     # The Dask dashboard; loopback only, like `simpipe ui` (reach it through an SSH tunnel).
     # "" turns it off: no HTTP server at all (simpipe.cluster.dashboard_off).
     dashboard_address: str = "127.0.0.1:8787"
-    # address: an existing scheduler, e.g. "tcp://10.0.0.5:8786"
-    address: str | None = None
 
-    # slurm: dask_jobqueue.SLURMCluster; one job = `processes` workers sharing cores/memory
+    @field_validator("dashboard_address")
+    @classmethod
+    def _dashboard_address(cls, value: str) -> str:
+        host, sep, port = value.rpartition(":")
+        if value and not (sep and port.isdigit() and int(port) <= 65535 and " " not in host):
+            raise ValueError('expected "host:port" ("127.0.0.1:8787", ":8787" for every '
+                             'interface) or "" for no dashboard')
+        return value
+
+
+class LocalClusterConfig(_WithDashboard):
+    """``kind = "local"``: a ``distributed.LocalCluster`` of worker processes on this machine."""
+
+    kind: Literal["local"] = "local"
+    workers: StrictInt = Field(2, ge=1)
+    threads_per_worker: StrictInt = Field(1, ge=1)
+    memory_limit: str = "auto"  # per worker, e.g. "4GiB"; "auto": RAM / workers
+
+    @field_validator("memory_limit")
+    @classmethod
+    def _memory_limit(cls, value: str) -> str:
+        return value if value == "auto" else memory_amount(value)
+
+
+class AddressClusterConfig(_Cluster):
+    """``kind = "address"``: an existing scheduler (``simpipe cluster up``, ``dask scheduler``)."""
+
+    kind: Literal["address"] = "address"
+    address: str | None = None  # e.g. "tcp://10.0.0.5:8786"
+
+    @model_validator(mode="after")
+    def _has_address(self) -> AddressClusterConfig:
+        if not self.address:
+            raise ValueError('cluster.kind = "address" needs cluster.address = "tcp://host:port"')
+        return self
+
+
+class SlurmClusterConfig(_WithDashboard):
+    """``kind = "slurm"``: dask_jobqueue.SLURMCluster; one job = ``processes`` workers sharing
+    ``cores`` and ``memory``."""
+
+    server_jobs: ClassVar[bool] = True
+
+    kind: Literal["slurm"] = "slurm"
     queue: str | None = None
     account: str | None = None
     walltime: str = "01:00:00"
@@ -198,7 +266,6 @@ class ClusterConfig(_Section):
     # "none": no lifetime; or a duration such as "55m"
     worker_lifetime: str = "auto"
     worker_lifetime_stagger: str = "auto"
-    servers: ServersConfig = ServersConfig()
 
     @field_validator("walltime")
     @classmethod
@@ -206,29 +273,13 @@ class ClusterConfig(_Section):
         walltime_seconds(value)
         return value
 
-    @field_validator("dashboard_address")
-    @classmethod
-    def _dashboard_address(cls, value: str) -> str:
-        host, sep, port = value.rpartition(":")
-        if value and not (sep and port.isdigit() and int(port) <= 65535 and " " not in host):
-            raise ValueError('expected "host:port" ("127.0.0.1:8787", ":8787" for every '
-                             'interface) or "" for no dashboard')
-        return value
-
-    @field_validator("memory_limit")
-    @classmethod
-    def _memory_limit(cls, value: str) -> str:
-        return value if value == "auto" else memory_amount(value)
-
     @field_validator("memory")
     @classmethod
     def _memory(cls, value: str) -> str:
         return memory_amount(value)
 
     @model_validator(mode="after")
-    def _consistent(self) -> "ClusterConfig":
-        if self.kind == "address" and not self.address:
-            raise ValueError('cluster.kind = "address" needs cluster.address = "tcp://host:port"')
+    def _consistent(self) -> SlurmClusterConfig:
         if self.jobs is not None and self.adapt is not None:
             raise ValueError("set cluster.jobs or cluster.adapt = {minimum, maximum}, not both")
         if self.processes > self.cores:
@@ -241,12 +292,7 @@ class ClusterConfig(_Section):
                     duration_seconds(value)
                 except ValueError as exc:
                     raise ValueError(f"cluster.{key}: {exc}") from None
-        if self.kind == "slurm":
-            self.worker_lifetime_args()  # raises if the lifetime does not fit the walltime
-        if self.servers.kind not in ("none", "emulated") and self.kind == "local":
-            raise ValueError('cluster.servers needs cluster.kind = "slurm" (servers run as '
-                             'SLURM jobs); set cluster.servers.kind = "none" for a local run '
-                             '(emulated servers also run as local processes)')
+        self.worker_lifetime_args()  # raises if the lifetime does not fit the walltime
         return self
 
     @property
@@ -285,3 +331,68 @@ class ClusterConfig(_Section):
         if stagger:
             args += ["--lifetime-stagger", f"{int(stagger)}s"]
         return args
+
+
+# --- the kinds as plug-ins -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ClusterKind:
+    """One ``cluster.kind``: its settings model (whose ``kind`` default is its name) and the
+    function that connects a client for it, ``"module:function"``, imported when first used
+    (distributed and dask-jobqueue are heavy; ``simpipe validate`` needs neither)."""
+
+    settings: type[_Cluster]
+    connect: str  # (settings) -> context manager yielding a connected distributed.Client
+
+    @property
+    def name(self) -> str:
+        return self.settings.model_fields["kind"].default
+
+    def connector(self) -> Callable[[Any], AbstractContextManager[Any]]:
+        module, _, function = self.connect.partition(":")
+        return getattr(importlib.import_module(module), function)
+
+
+CLUSTER_KINDS: dict[str, ClusterKind] = {kind.name: kind for kind in (
+    ClusterKind(LocalClusterConfig, "simpipe.cluster.connect:local_client"),
+    ClusterKind(AddressClusterConfig, "simpipe.cluster.connect:address_client"),
+    ClusterKind(SlurmClusterConfig, "simpipe.cluster.connect:slurm_client"),
+)}
+DEFAULT_KIND = "local"
+#: The validation error type of a ``kind`` that names no kind (its input is the section).
+KIND_ERROR = "cluster_kind"
+
+
+def _one_of(names: list[str]) -> str:
+    """``'a', 'b' or 'c'``, as pydantic lists allowed values."""
+    quoted = [repr(name) for name in names]
+    return " or ".join([", ".join(quoted[:-1]), quoted[-1]] if len(quoted) > 1 else quoted)
+
+
+def _kind_of(value: Any) -> str | None:
+    """The discriminator: ``kind``, ``"local"`` when the section leaves it out."""
+    if isinstance(value, dict):
+        kind = value.get("kind", DEFAULT_KIND)
+        return kind if isinstance(kind, str) else None
+    return getattr(value, "kind", None)
+
+
+#: ``[cluster]``: one of the kinds' settings models, chosen by ``kind``; a key of another
+#: kind is an error naming the key and the kind.
+ClusterConfig = Annotated[
+    Union[tuple(Annotated[k.settings, Tag(name)]  # noqa: UP007 - built from the registry
+                for name, k in CLUSTER_KINDS.items())],
+    Discriminator(_kind_of, custom_error_type=KIND_ERROR,
+                  custom_error_message=f"Input should be {_one_of(list(CLUSTER_KINDS))}"),
+]
+
+_cluster_adapter: TypeAdapter[Any] = TypeAdapter(ClusterConfig)
+
+
+def parse_cluster(raw: Any) -> LocalClusterConfig | AddressClusterConfig | SlurmClusterConfig:
+    """A ``[cluster]`` section (a dict, or JSON text) as its kind's model; ValidationError
+    otherwise."""
+    if isinstance(raw, str | bytes):
+        return _cluster_adapter.validate_json(raw)
+    return _cluster_adapter.validate_python(raw)

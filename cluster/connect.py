@@ -11,9 +11,16 @@ from typing import Any
 from distributed import Client, LocalCluster
 
 from simpipe.cluster import dashboard_off
-from simpipe.cluster.config import ClusterConfig
+from simpipe.cluster.config import (
+    CLUSTER_KINDS,
+    AddressClusterConfig,
+    ClusterConfig,
+    LocalClusterConfig,
+    SlurmClusterConfig,
+)
 from simpipe.cluster.ctrl_c import PRELOAD as CTRL_C_PRELOAD
 from simpipe.cluster.ctrl_c import import_slurm_cluster, workers_ignore_sigint
+from simpipe.errors import SimpipeError
 
 
 class SimpipeClient(Client):
@@ -32,30 +39,43 @@ class SimpipeClient(Client):
             return ""
 
 
-class ClusterError(RuntimeError):
+class ClusterError(SimpipeError, RuntimeError):
     """The cluster could not be started or reached; the message says how to fix it."""
 
 
 @contextmanager
 def make_client(config: ClusterConfig) -> Iterator[Client]:
     """A client for the configured cluster, closed (and a cluster it started shut down, its
-    SLURM jobs cancelled) on exit."""
-    if config.kind == "address":
-        try:
-            client = SimpipeClient(config.address, timeout="20s")
-        except OSError as exc:
-            raise ClusterError(
-                f"cannot reach the Dask scheduler at cluster.address = {config.address!r} "
-                f"({exc}); start it (`dask scheduler`, `simpipe cluster up`) or fix the address"
-            ) from exc
-        with client:
-            yield client
-        return
-    if config.kind == "slurm":
-        with slurm_cluster(config) as cluster, Client(cluster) as client:
-            start_workers(cluster, client, config)
-            yield client
-        return
+    SLURM jobs cancelled) on exit. The kind's own connector does it (``CLUSTER_KINDS``)."""
+    with CLUSTER_KINDS[config.kind].connector()(config) as client:
+        yield client
+
+
+@contextmanager
+def address_client(config: AddressClusterConfig) -> Iterator[Client]:
+    """``kind = "address"``: a client of a scheduler that is already running."""
+    try:
+        client = SimpipeClient(config.address, timeout="20s")
+    except OSError as exc:
+        raise ClusterError(
+            f"cannot reach the Dask scheduler at cluster.address = {config.address!r} "
+            f"({exc}); start it (`dask scheduler`, `simpipe cluster up`) or fix the address"
+        ) from exc
+    with client:
+        yield client
+
+
+@contextmanager
+def slurm_client(config: SlurmClusterConfig) -> Iterator[Client]:
+    """``kind = "slurm"``: a scheduler here and ``cluster.jobs`` SLURM worker jobs."""
+    with slurm_cluster(config) as cluster, Client(cluster) as client:
+        start_workers(cluster, client, config)
+        yield client
+
+
+@contextmanager
+def local_client(config: LocalClusterConfig) -> Iterator[Client]:
+    """``kind = "local"``: a LocalCluster of worker processes on this machine."""
     with ExitStack() as stack:
         # The terminal's Ctrl-C reaches the whole process group; only the client acts on it.
         with workers_ignore_sigint():
@@ -72,7 +92,8 @@ def make_client(config: ClusterConfig) -> Iterator[Client]:
         yield client
 
 
-def slurm_cluster_kwargs(config: ClusterConfig, job_name: str = "simpipe-worker") -> dict[str, Any]:
+def slurm_cluster_kwargs(config: SlurmClusterConfig,
+                         job_name: str = "simpipe-worker") -> dict[str, Any]:
     """The ``dask_jobqueue.SLURMCluster`` arguments for a ``[cluster]`` section."""
     scheduler_options = dashboard_scheduler_options(config)
     kwargs: dict[str, Any] = {
@@ -95,7 +116,7 @@ def slurm_cluster_kwargs(config: ClusterConfig, job_name: str = "simpipe-worker"
     return {k: v for k, v in kwargs.items() if v is not None}
 
 
-def dashboard_scheduler_options(config: ClusterConfig) -> dict[str, Any]:
+def dashboard_scheduler_options(config: SlurmClusterConfig) -> dict[str, Any]:
     """``cluster.scheduler_options`` with the dashboard settings: ``dashboard_address``
     (loopback by default), or, for ``""``, no HTTP server at all (see dashboard_off)."""
     options = {**dashboard_off.scheduler_options(config.dashboard_address),
@@ -113,7 +134,8 @@ def _as_list(value: Any) -> list[Any]:
 
 
 @contextmanager
-def slurm_cluster(config: ClusterConfig, job_name: str = "simpipe-worker") -> Iterator[Any]:
+def slurm_cluster(config: SlurmClusterConfig,
+                  job_name: str = "simpipe-worker") -> Iterator[Any]:
     """A started ``SLURMCluster`` (no jobs yet); closing it cancels its jobs."""
     SLURMCluster = import_slurm_cluster()  # noqa: N806 - a class
 
@@ -132,7 +154,7 @@ def slurm_cluster(config: ClusterConfig, job_name: str = "simpipe-worker") -> It
         yield cluster
 
 
-def start_workers(cluster: Any, client: Client, config: ClusterConfig) -> None:
+def start_workers(cluster: Any, client: Client, config: SlurmClusterConfig) -> None:
     if config.adapt is not None:
         cluster.adapt(minimum_jobs=config.adapt.minimum, maximum_jobs=config.adapt.maximum)
         wanted = config.adapt.minimum * config.processes

@@ -29,6 +29,7 @@ from simpipe.cluster import slurm
 from simpipe.cluster.config import ServersConfig
 from simpipe.cluster.endpoints import is_local
 from simpipe.config import Config, config_from_dict
+from simpipe.errors import SimpipeError
 
 #: extra_args flags of the real servers that set an emulator parameter.
 SERVER_FLAGS = {
@@ -41,7 +42,7 @@ NO_LIMIT = 1_000_000  # vLLM queues every request; it never answers 429
 SUFFIX = "-emulated"
 
 
-class EmulateError(ValueError):
+class EmulateError(SimpipeError, ValueError):
     """The config cannot be emulated; the message says why and what to change."""
 
 
@@ -158,7 +159,9 @@ def emulate_config(config: Config, site: Site, place: bool = True) -> tuple[Conf
                        container_args="", cpus_per_server=1, memory="1GB",
                        job_extra_directives=[], health_path="/health",
                        models_path="/v1/models",
-                       job_script_prologue=list(config.cluster.job_script_prologue),
+                       # the workers' environment: a SLURM cluster's prologue, else none
+                       job_script_prologue=list(getattr(config.cluster,
+                                                        "job_script_prologue", [])),
                        startup_timeout_s=min(config.cluster.servers.startup_timeout_s, 300.0))
     count = servers["nodes"] * servers["per_node"]
     if "gpus_per_process" not in config.cluster.servers.emulated.model_fields_set:
@@ -192,8 +195,12 @@ def _place(config: Config, cluster: dict, servers: dict, site: Site, notes: list
         return
     if site.problem is not None:
         workers = max(1, min(cfg.n_jobs * cfg.processes or 1, os.cpu_count() or 1))
-        cluster.update(kind="local", workers=workers, threads_per_worker=max(
-            1, cfg.cores // cfg.processes), memory_limit="auto")
+        # A local cluster has none of the SLURM keys: the section is made anew.
+        local = {"kind": "local", "workers": workers, "memory_limit": "auto",
+                 "threads_per_worker": max(1, cfg.cores // cfg.processes),
+                 "dashboard_address": cfg.dashboard_address, "servers": servers}
+        cluster.clear()
+        cluster.update(local)
         notes.append(f"--emulate: no SLURM answers ({site.problem}): workers run in a "
                      f"LocalCluster ({workers} worker process(es))")
         _local_emulators(servers, count, site, notes)

@@ -3,6 +3,10 @@
 Why: on a GPU cluster a request to the server on the same node skips the network hop and
 keeps the load of each node's workers on that node's GPUs; the other nodes' servers are the
 fall-back when the local ones are down or saturated.
+
+On one machine every server is on this node. ``emulate_node`` tells a process which servers
+are its node's instead, so one machine can stand for several nodes (``simpipe bench fleet``:
+each emulated node is a server job and its own worker jobs).
 """
 
 from __future__ import annotations
@@ -35,7 +39,20 @@ def local_names() -> frozenset[str]:
     return frozenset(n.lower() for n in names if n)
 
 
+_node_endpoints: frozenset[str] | None = None
+
+
+def emulate_node(endpoints: Sequence[str] | None) -> None:
+    """From now on, ``endpoints`` are this process's node's servers and no others are
+    (None: back to the host names). Set it before the back-end is first used: the endpoint
+    pool reads it once."""
+    global _node_endpoints
+    _node_endpoints = None if endpoints is None else frozenset(e.rstrip("/") for e in endpoints)
+
+
 def is_local(url: str, names: frozenset[str] | None = None) -> bool:
+    if _node_endpoints is not None and names is None:
+        return url.rstrip("/") in _node_endpoints
     host = (urlsplit(url).hostname or "").lower()
     names = names if names is not None else local_names()
     if host in names or host.split(".")[0] in names:

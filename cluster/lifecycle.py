@@ -13,7 +13,7 @@ from typing import Any
 
 from simpipe.cluster import servers as srv
 from simpipe.cluster import slurm
-from simpipe.cluster.config import ClusterConfig
+from simpipe.cluster.config import ClusterConfig, parse_cluster
 from simpipe.cluster.process_identity import check_manager, signal_manager
 from simpipe.cluster.state import (
     StateError,
@@ -107,7 +107,7 @@ def servers_config(name: str) -> srv.ServersConfig:
     """The ``[cluster.servers]`` cluster ``name`` was started with (defaults if unreadable)."""
     try:
         raw = json.loads((work_dir(name) / "cluster.json").read_text(encoding="utf-8"))
-        return ClusterConfig.model_validate(raw).servers
+        return parse_cluster(raw).servers
     except (OSError, ValueError):
         return srv.ServersConfig()
 

@@ -21,10 +21,11 @@ from distributed import Client
 
 from simpipe.cluster import servers as srv
 from simpipe.cluster import slurm
-from simpipe.cluster.config import ClusterConfig
-from simpipe.cluster.connect import ClusterError, start_workers, slurm_cluster
+from simpipe.cluster.config import SlurmClusterConfig
+from simpipe.cluster.connect import slurm_cluster, start_workers
 from simpipe.cluster.process_identity import own_identity
 from simpipe.cluster.state import update_state, work_dir, worker_job_name
+from simpipe.errors import SimpipeError
 
 REFRESH_S = 2.0
 
@@ -35,7 +36,7 @@ def _worker_jobs(cluster: Any) -> list[str]:
 
 
 def serve(name: str) -> int:
-    cfg = ClusterConfig.model_validate(
+    cfg = SlurmClusterConfig.model_validate(
         json.loads((work_dir(name) / "cluster.json").read_text(encoding="utf-8")))
     log_dir = str(work_dir(name) / "logs")
     stop = threading.Event()
@@ -76,7 +77,7 @@ def serve(name: str) -> int:
                     update_state(name, worker_jobs=now)
                     jobs_seen = now
             update_state(name, state="stopping")
-    except (ClusterError, srv.ServerError, slurm.SlurmError, OSError, TimeoutError) as exc:
+    except (SimpipeError, OSError, TimeoutError) as exc:
         update_state(name, state="failed", error=str(exc))
         print(f"cluster {name} failed: {exc}", file=sys.stderr, flush=True)
         return 1

@@ -15,12 +15,14 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from simpipe.cluster import slurm
 from simpipe.cluster.config import ClusterConfig, ServersConfig
+from simpipe.errors import SimpipeError
 
 TEMPLATES: dict[str, str] = {
     # text-generation-inference; one shard per GPU of the server.
@@ -41,7 +43,7 @@ ENDED_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PRE
                 "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
 
 
-class ServerError(RuntimeError):
+class ServerError(SimpipeError, RuntimeError):
     """Servers could not be started or never became healthy; the message says why."""
 
 
@@ -174,6 +176,19 @@ def launch(cluster: ClusterConfig, cluster_name: str, log_dir: str | None = None
         slurm.cancel([s.job_id for s in servers])
         raise
     return servers
+
+
+@contextmanager
+def running_servers(cluster: ClusterConfig, cluster_name: str,
+                    log_dir: str | None = None) -> Iterator[list[Server]]:
+    """Every server job submitted and healthy (see ``launch``, ``wait_healthy``); all of
+    them cancelled on exit, whatever happened."""
+    launched: list[Server] = []
+    try:
+        launched = launch(cluster, cluster_name, log_dir)
+        yield wait_healthy(launched, cluster.servers, log_dir=log_dir)
+    finally:
+        slurm.cancel([s.job_id for s in launched])
 
 
 def probe(url: str, cfg: ServersConfig, timeout: float = 3.0) -> str | None:

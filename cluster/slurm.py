@@ -10,8 +10,10 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 
+from simpipe.errors import SimpipeError
 
-class SlurmError(RuntimeError):
+
+class SlurmError(SimpipeError, RuntimeError):
     """A SLURM command failed; the message names the command and SLURM's own words."""
 
 

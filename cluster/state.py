@@ -14,11 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from simpipe.cluster.process_identity import is_process_id
+from simpipe.errors import SimpipeError
 
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
-class StateError(RuntimeError):
+class StateError(SimpipeError, RuntimeError):
     """No such cluster, or its state file is unreadable; the message says what to do."""
 
 
@@ -102,21 +103,25 @@ def healthy_endpoints(state: dict[str, Any]) -> list[str]:
     return [s["url"] for s in state.get("servers", []) if s.get("url") and s.get("healthy")]
 
 
-def run_overrides(state: dict[str, Any], backend: str) -> list[str]:
-    """``--set``-style overrides that point a run at this cluster: its scheduler and, for an
-    HTTP back-end (``tgi``, ``openai``), its servers as ``agents.<backend>.endpoints``."""
+def run_target(state: dict[str, Any], backend: str) -> tuple[str, list[str]]:
+    """What points a run at this cluster: its scheduler address and, for an HTTP back-end
+    (``tgi``, ``openai``), its healthy servers' URLs for ``agents.<backend>.endpoints``
+    (empty otherwise)."""
     name = state.get("name", "?")
     if state.get("state") != "ready":
         raise StateError(f"cluster {name!r} is {state.get('state', 'unknown')!r}, not ready; "
                          f"see `simpipe cluster status {name}`")
-    overrides = ['cluster.kind="address"', f"cluster.address={json.dumps(state['scheduler'])}"]
+    scheduler = state.get("scheduler")
+    if not isinstance(scheduler, str) or not scheduler:
+        raise StateError(f"cluster {name!r}: its state names no scheduler address; "
+                         f"`simpipe cluster down {name}` cleans it up")
     endpoints = healthy_endpoints(state)
     served = state.get("endpoint_backend")
-    if backend in ("tgi", "openai") and endpoints:
-        if served and served != backend:
-            raise StateError(
-                f"cluster {name!r} serves agents.backend = {served!r} endpoints but the config "
-                f"has agents.backend = {backend!r}; set --set agents.backend={served}"
-            )
-        overrides.append(f"agents.{backend}.endpoints={json.dumps(endpoints)}")
-    return overrides
+    if backend not in ("tgi", "openai") or not endpoints:
+        return scheduler, []
+    if served and served != backend:
+        raise StateError(
+            f"cluster {name!r} serves agents.backend = {served!r} endpoints but the config "
+            f"has agents.backend = {backend!r}; set --set agents.backend={served}"
+        )
+    return scheduler, endpoints

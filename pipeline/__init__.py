@@ -19,6 +19,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "Config": "simpipe.config",
     "ConfigError": "simpipe.config",
+    "SimpipeError": "simpipe.errors",
     "load_config": "simpipe.config",
     "config_from_dict": "simpipe.config",
     "run_simulation": "simpipe.runner",

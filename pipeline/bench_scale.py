@@ -35,16 +35,18 @@ class ScaleCase:
     threads: int
 
 
+#: The benchmarks' population: two attributes, no personas.
+ATTRIBUTES = {
+    "education": {"values": {"High School": 1, "Bachelor's Degree": 1, "Ph.D.": 1}},
+    "age": {"min": 18, "max": 80},
+}
+
+
 def bench_config(case: ScaleCase, output_dir: Path) -> Config:
     return config_from_dict({
         "run": {"name": f"scale-{case.agents}", "seed": 7, "output_dir": str(output_dir)},
-        "population": {
-            "size": case.agents, "partitions": case.partitions,
-            "attributes": {
-                "education": {"values": {"High School": 1, "Bachelor's Degree": 1, "Ph.D.": 1}},
-                "age": {"min": 18, "max": 80},
-            },
-        },
+        "population": {"size": case.agents, "partitions": case.partitions,
+                       "attributes": ATTRIBUTES},
         "game": {"rounds": case.rounds},
         "agents": {"backend": "scripted", "scripted": {"latency_s": case.latency_s}},
         "cluster": {"kind": "local", "workers": case.workers,

@@ -1,43 +1,22 @@
 """The ``simpipe`` command: a thin layer over the Python API.
 
-Config and run-directory problems exit with status 2 and one line per problem; nothing
-here prints a traceback for a mistake the user can fix.
+Errors the user can fix are ``simpipe.errors.SimpipeError``s, printed by the group as one
+line per problem with their exit status (``simpipe.cli_common``); nothing here prints a
+traceback for a mistake the user can fix.
 """
 
 from __future__ import annotations
 
 import shlex
-import sys
 from pathlib import Path
 
 import click
 
-from simpipe.config import Config, ConfigError, load_config
-
-EXIT_USAGE = 2
-EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for Ctrl-C
+from simpipe.cli_common import SimpipeGroup, load, set_option
+from simpipe.errors import RunInterrupted, SimpipeError
 
 
-def _load(config_path: str, overrides: tuple[str, ...]) -> Config:
-    try:
-        return load_config(config_path, list(overrides))
-    except ConfigError as exc:
-        _fail(str(exc))
-
-
-def _fail(message: str) -> None:
-    for line in message.splitlines():
-        click.echo(f"error: {line}", err=True)
-    sys.exit(EXIT_USAGE)
-
-
-set_option = click.option(
-    "--set", "overrides", multiple=True, metavar="KEY=VALUE",
-    help="Override a config key, e.g. --set game.rounds=5 (repeatable).",
-)
-
-
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=SimpipeGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="simpipe")
 def main() -> None:
     """Very large LLM multi-agent simulations as a Dask batch pipeline."""
@@ -56,29 +35,21 @@ def main() -> None:
 def run(config_path: str, resume: bool, force: bool, cluster_name: str | None, emulate: bool,
         overrides: tuple[str, ...]) -> None:
     """Run the simulation described by CONFIG."""
-    from simpipe.cli_cluster import prepared_run_config  # noqa: PLC0415
-    from simpipe.cluster.connect import ClusterError  # noqa: PLC0415 - keep startup light
-    from simpipe.ledger import RunDirError  # noqa: PLC0415
-    from simpipe.runner import RunCancelled, run_simulation  # noqa: PLC0415
+    from simpipe.runner import run_simulation  # noqa: PLC0415 - keep startup light
 
     if resume and force:
-        _fail("--resume and --force contradict each other: pick one")
+        raise SimpipeError("--resume and --force contradict each other: pick one")
+    config = load(config_path, overrides)
     try:
-        with prepared_run_config(config_path, overrides, cluster_name, emulate) as config:
-            try:
-                result = run_simulation(config, resume=resume, force=force)
-            except (RunDirError, ClusterError) as exc:
-                _fail(str(exc))
-            except RunCancelled:
-                sys.exit(3)
+        result = run_simulation(config, resume=resume, force=force, emulate=emulate,
+                                cluster_name=cluster_name)
     except KeyboardInterrupt:
         # The runner has marked the run interrupted; finished partitions are on disk.
         again = " ".join(["simpipe run", shlex.quote(config_path),
                           *(f"--set {shlex.quote(item)}" for item in overrides),
                           *([f"--cluster {shlex.quote(cluster_name)}"] if cluster_name else []),
-                          "--resume"])
-        click.echo(f"interrupted; resume with: {again}", err=True)
-        sys.exit(EXIT_INTERRUPTED)
+                          *(["--emulate"] if emulate else []), "--resume"])
+        raise RunInterrupted(f"interrupted; resume with: {again}") from None
     click.echo(f"results: {result.run_dir}  ({result.wall_s:.1f} s)")
 
 
@@ -87,7 +58,7 @@ def run(config_path: str, resume: bool, force: bool, cluster_name: str | None, e
 @set_option
 def validate(config_path: str, overrides: tuple[str, ...]) -> None:
     """Check CONFIG and print the resolved settings."""
-    config = _load(config_path, overrides)
+    config = load(config_path, overrides)
     click.echo(f"ok: {config_path}  (results hash {config.results_hash()}, "
                f"{config.population.size:,} agents in {config.population.n_partitions} partitions, "
                f"{config.game.rounds} rounds, backend {config.agents.backend})")
@@ -110,7 +81,7 @@ def population_build(config_path: str, overrides: tuple[str, ...]) -> None:
     from simpipe.layout import RunPaths  # noqa: PLC0415
     from simpipe.population import ensure_population  # noqa: PLC0415
 
-    config = _load(config_path, overrides)
+    config = load(config_path, overrides)
     console = Console()
     start = time.perf_counter()
     with make_client(config.cluster) as client:
@@ -132,11 +103,12 @@ def show(run_dir: str) -> None:
 
     paths = RunPaths(Path(run_dir))
     if not paths.ledger.exists():
-        _fail(f"{run_dir}: not a simpipe run directory (no run.json)")
+        raise SimpipeError(f"{run_dir}: not a simpipe run directory (no run.json)")
     try:
         ledger = read_ledger(run_dir)
     except CorruptFile as exc:
-        _fail(f"{exc}; restore it from a copy (it records the run's config and rounds)")
+        raise SimpipeError(f"{exc}; restore it from a copy (it records the run's config and "
+                           "rounds)") from None
     done = len([r for r in ledger.get("rounds", {}).values() if r.get("complete")])
     click.echo(f"run {ledger.get('name') or paths.root.name}: {ledger.get('state')}, "
                f"{done}/{ledger.get('rounds_total', '?')} rounds, "
@@ -149,7 +121,7 @@ def show(run_dir: str) -> None:
     try:
         summary = read_summary(run_dir)
     except CorruptFile as exc:
-        _fail(f"{exc}; {RESUME_REPAIRS}")
+        raise SimpipeError(f"{exc}; {RESUME_REPAIRS}") from None
     with pd.option_context("display.width", 200, "display.max_columns", 20,
                            "display.max_rows", 60):
         click.echo(summary.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
@@ -182,6 +154,52 @@ def bench_scale(agents: str, latency: float, rounds: int, partitions: int, worke
     click.echo(format_table(rows))
 
 
+@bench.command("fleet")
+@click.option("--agents", default=100_000, show_default=True, type=click.IntRange(min=1))
+@click.option("--rounds", default=2, show_default=True, type=click.IntRange(min=1))
+@click.option("--nodes", default=1, show_default=True, type=click.IntRange(1, 16),
+              help="Emulated nodes: one server job (--gpus GPUs) and --workers worker jobs each.")
+@click.option("--gpus", default=1, show_default=True, type=click.IntRange(1, 64),
+              help="Emulated GPUs per node.")
+@click.option("--profile", default="fast", show_default=True,
+              help="Emulator timing profile: fast (the pipeline is the limit), a100-llama3-8b, "
+                   "h100-llama3-8b.")
+@click.option("--time-scale", default=1.0, show_default=True, type=click.FloatRange(min=0.001),
+              help="The emulated GPUs run this many times faster than real ones.")
+@click.option("--workers", default=1, show_default=True, type=click.IntRange(1, 16),
+              help="Worker jobs (one process each) per node.")
+@click.option("--threads", default=2, show_default=True, type=click.IntRange(1, 16),
+              help="Partitions a worker plays at once.")
+@click.option("--partitions", default=0, type=click.IntRange(min=0),
+              help="Partitions (0: at least 4 per worker thread, at most 50,000 agents each).")
+@click.option("--max-concurrency", default=0, type=click.IntRange(min=0),
+              help="Requests in flight per endpoint per worker process (0: auto).")
+@click.option("--worker-memory", default="3GB", show_default=True, help="Per worker job.")
+@click.option("--port", default=0, type=click.IntRange(0, 65535),
+              help="First server port (0: the first free range from 19300).")
+@click.option("--kill-server-at", default=None, type=click.FloatRange(min=0.0),
+              help="scancel the last node's server job this many seconds after round 1 starts.")
+@click.option("--weak-scaling", is_flag=True,
+              help="Run 1, 2 and 4 nodes with --agents-per-gpu agents per emulated GPU.")
+@click.option("--agents-per-gpu", default=10_000, show_default=True, type=click.IntRange(min=1))
+@click.option("--keep", default=None, metavar="DIR",
+              help="Keep the runs under DIR (default: a temporary directory, removed).")
+def bench_fleet(agents: int, rounds: int, nodes: int, gpus: int, profile: str,
+                time_scale: float, workers: int, threads: int, partitions: int,
+                max_concurrency: int, worker_memory: str, port: int,
+                kill_server_at: float | None, weak_scaling: bool, agents_per_gpu: int,
+                keep: str | None) -> None:
+    """The GPU path at scale on the local SLURM: emulated TGI servers and Dask workers as
+    SLURM jobs; per round: wall time, the fleet's ideal time and busy share, pipeline CPU."""
+    from simpipe.bench_fleet import FleetCase, run_bench  # noqa: PLC0415
+
+    # Bad options, config, SLURM, servers, cluster: SimpipeErrors, one line each.
+    case = FleetCase(agents, rounds, nodes, gpus, profile, time_scale, workers, threads,
+                     partitions, max_concurrency, worker_memory, port, kill_server_at)
+    run_bench(case, weak_scaling=weak_scaling, agents_per_gpu=agents_per_gpu, keep=keep,
+              echo=click.echo, log=lambda line: click.echo(line, err=True))
+
+
 @bench.command("engine")
 @click.option("--agents", default=256, show_default=True, type=click.IntRange(min=1),
               help="Prompts (agents) per row.")
@@ -210,7 +228,7 @@ def bench_share(config_path: str | None, agents: int, rounds: int, sample: int,
     """Shared answer distributions vs one call per agent: agents/s, model calls, memory."""
     from simpipe.bench_share import format_table, run_share_bench  # noqa: PLC0415
 
-    config = _load(config_path, overrides) if config_path else None
+    config = load(config_path, overrides) if config_path else None
     click.echo(format_table(run_share_bench(config, agents, rounds, sample)))
 
 

@@ -1,155 +1,18 @@
-"""``simpipe cluster up | status | down``, ``simpipe sbatch`` and what ``run --cluster`` needs.
+"""``simpipe cluster up | status | down``, ``simpipe sbatch`` and its hidden ``batch-task``.
 
-The work is in ``simpipe.cluster``; this module turns its errors into one-line CLI errors.
+The work is in ``simpipe.cluster`` and ``simpipe.orchestration``; their errors are
+SimpipeErrors, which the ``simpipe`` group prints as one-line messages.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import click
 
-from simpipe.config import Config, ConfigError, load_config, run_job_log_dir
-
-EXIT_USAGE = 2
-
-_set = click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
-                    help="Override a config key, e.g. --set cluster.jobs=2 (repeatable).")
-
-
-def _fail(message: str) -> None:
-    for line in message.splitlines():
-        click.echo(f"error: {line}", err=True)
-    sys.exit(EXIT_USAGE)
-
-
-def _load(config_path: str, overrides: list[str] | tuple[str, ...]) -> Config:
-    try:
-        return load_config(config_path, list(overrides))
-    except ConfigError as exc:
-        _fail(str(exc))
-        raise  # unreachable; for type checkers
-
-
-def _cluster_errors() -> tuple[type[Exception], ...]:
-    from simpipe.cluster.connect import ClusterError  # noqa: PLC0415
-    from simpipe.cluster.servers import ServerError  # noqa: PLC0415
-    from simpipe.cluster.slurm import SlurmError  # noqa: PLC0415
-    from simpipe.cluster.state import StateError  # noqa: PLC0415
-
-    return (ClusterError, ServerError, SlurmError, StateError)
-
-
-def _loader(config_path: str, overrides: tuple[str, ...], emulate: bool,
-            place: bool = True) -> Callable[..., Config]:
-    """``load(extra_overrides)``: the config, with ``--emulate``'s changes when asked (their
-    notes printed once)."""
-    site = None
-    told = False
-
-    def load(extra: list[str] | tuple[str, ...] = ()) -> Config:
-        nonlocal site, told
-        config = _load(config_path, [*overrides, *extra])
-        if not emulate:
-            return config
-        from simpipe.cluster.emulate import EmulateError, Site, emulate_config, probe_site  # noqa: PLC0415
-
-        if site is None:
-            site = probe_site() if place else Site(None)
-        try:
-            config, notes = emulate_config(config, site, place)
-        except (EmulateError, ConfigError) as exc:
-            _fail(str(exc))
-        if not told:
-            for note in notes:
-                click.echo(note)
-            told = True
-        return config
-
-    return load
-
-
-@contextmanager
-def prepared_run_config(config_path: str, overrides: tuple[str, ...],
-                        cluster_name: str | None, emulate: bool = False) -> Iterator[Config]:
-    """The config a ``simpipe run`` uses.
-
-    ``--cluster NAME``: the persistent cluster's scheduler (``cluster.kind = "address"``) and
-    its healthy servers as ``agents.<backend>.endpoints``. Without it, a ``slurm`` cluster
-    with ``[cluster.servers]`` gets servers for this run only, cancelled when it ends; emulated
-    servers without SLURM run as local processes. ``emulate``: see ``simpipe.cluster.emulate``.
-    """
-    load = _loader(config_path, overrides, emulate, place=not cluster_name)
-    config = load()
-    errors = _cluster_errors()
-    if cluster_name:
-        from simpipe.cluster.lifecycle import servers_config  # noqa: PLC0415
-        from simpipe.cluster.state import StateError, read_state, run_overrides  # noqa: PLC0415
-
-        try:
-            state = read_state(cluster_name)
-            if servers_config(cluster_name).kind == "emulated" and not emulate:
-                raise StateError(f"cluster {cluster_name!r} serves emulated GPUs: add --emulate "
-                                 "(its results then go to <run.name>-emulated)")
-            extra = run_overrides(state, config.agents.backend)
-        except errors as exc:
-            _fail(str(exc))
-        yield load(extra)
-        return
-    servers_cfg = config.cluster.servers
-    if servers_cfg.kind == "emulated" and config.cluster.kind != "slurm":
-        from simpipe.cluster.emulate import local_emulators  # noqa: PLC0415
-
-        backend = servers_cfg.endpoint_backend
-        try:
-            emulators = local_emulators(servers_cfg)
-            urls = emulators.__enter__()
-        except (RuntimeError, OSError) as exc:
-            _fail(f"emulated servers did not start: {exc}")
-        try:
-            click.echo(f"emulated servers ready: {len(urls)} on this machine")
-            yield load([f"agents.{backend}.endpoints={json.dumps(urls)}"])
-        finally:
-            emulators.__exit__(None, None, None)
-        return
-    if config.cluster.kind != "slurm" or servers_cfg.kind == "none":
-        yield config
-        return
-    from simpipe.cluster import servers as srv  # noqa: PLC0415
-    from simpipe.cluster import slurm  # noqa: PLC0415
-
-    backend = servers_cfg.endpoint_backend or config.agents.backend
-    if config.agents.backend != backend:
-        _fail(f'cluster.servers.kind = "{servers_cfg.kind}" serves agents.backend = '
-              f'"{backend}", but the config has agents.backend = "{config.agents.backend}"')
-    launched: list = []
-    try:
-        slurm.require_controller()
-        name = f"run-{config.run.name}-{os.getpid()}"
-        launched = srv.launch(config.cluster, name, config.cluster.log_directory)
-        jobs = len({s.job_id for s in launched})
-        click.echo(f"servers: {len(launched)} in {jobs} SLURM job(s) submitted, waiting for "
-                   "health")
-        srv.wait_healthy(launched, servers_cfg, log_dir=config.cluster.log_directory)
-        urls = [s.url for s in launched]
-        click.echo(f"servers healthy: {_url_summary(urls)}")
-        yield load([f"agents.{backend}.endpoints={json.dumps(urls)}"])
-    except errors as exc:
-        _fail(str(exc))
-    finally:
-        slurm.cancel([s.job_id for s in launched])
-
-
-def _url_summary(urls: list[str], show: int = 4) -> str:
-    """Up to ``show`` URLs and how many more: 32 servers do not fit on a line."""
-    more = f" and {len(urls) - show} more" if len(urls) > show else ""
-    return ", ".join(urls[:show]) + more
-
+from simpipe.cli_common import load, set_option
+from simpipe.config import ConfigError, run_job_log_dir
 
 # --- simpipe cluster ------------------------------------------------------------------------
 
@@ -164,26 +27,27 @@ def cluster_group() -> None:
 @click.option("--name", default=None, help="Cluster name (default: the config file's stem).")
 @click.option("--emulate", is_flag=True,
               help="Emulated GPU servers instead of the configured ones (a dry run).")
-@_set
+@set_option
 def cluster_up(config_path: str, name: str | None, emulate: bool,
                overrides: tuple[str, ...]) -> None:
     """Start the scheduler, SLURM worker jobs and server jobs of CONFIG's [cluster]."""
     import time  # noqa: PLC0415
 
     from simpipe.cluster import lifecycle  # noqa: PLC0415
+    from simpipe.orchestration import emulated  # noqa: PLC0415
 
-    config = _loader(config_path, overrides, emulate)()
+    config = load(config_path, overrides)
+    if emulate:
+        config = emulated(config)
     name = name or Path(config_path).stem
     cluster = config.cluster
-    if cluster.log_directory == str(run_job_log_dir(config.run.output_dir, config.run.name)):
+    own_logs = str(run_job_log_dir(config.run.output_dir, config.run.name))
+    if cluster.kind == "slurm" and cluster.log_directory == own_logs:
         # A persistent cluster outlives any run: its jobs log to the cluster's own folder.
         cluster = cluster.model_copy(update={"log_directory": None})
     started = time.perf_counter()
-    try:
-        state = lifecycle.up(cluster, name,
-                             on_progress=lambda phase: click.echo(f"cluster {name}: {phase}"))
-    except _cluster_errors() as exc:
-        _fail(str(exc))
+    state = lifecycle.up(cluster, name,
+                         on_progress=lambda phase: click.echo(f"cluster {name}: {phase}"))
     click.echo(f"cluster {name} up in {time.perf_counter() - started:.1f} s: scheduler "
                f"{state['scheduler']}, worker jobs {', '.join(state.get('worker_jobs', [])) or '-'}")
     for s in state.get("servers", []):
@@ -198,10 +62,7 @@ def cluster_status(name: str, as_json: bool) -> None:
     """Workers, servers and SLURM jobs of cluster NAME."""
     from simpipe.cluster import lifecycle  # noqa: PLC0415
 
-    try:
-        report = lifecycle.status(name)
-    except _cluster_errors() as exc:
-        _fail(str(exc))
+    report = lifecycle.status(name)
     if as_json:
         click.echo(json.dumps(report, indent=2))
         return
@@ -228,10 +89,7 @@ def cluster_down(name: str) -> None:
     """Cancel every job of cluster NAME, stop its manager, remove its state."""
     from simpipe.cluster import lifecycle  # noqa: PLC0415
 
-    try:
-        cancelled = lifecycle.down(name)
-    except _cluster_errors() as exc:
-        _fail(str(exc))
+    cancelled = lifecycle.down(name)
     click.echo(f"cluster {name} down; cancelled {len(cancelled)} job(s)"
                + (f": {', '.join(cancelled)}" if cancelled else ""))
 
@@ -255,14 +113,17 @@ def cluster_down(name: str) -> None:
                    "cluster.log_directory).")
 @click.option("--output", "-o", "output", default=None,
               help="Where to write the script (default <run name>.sbatch; '-' for stdout).")
-@_set
+@set_option
 def sbatch_command(config_path: str, nodes: int, gpus_per_node: int, workers_per_node: int,
                    walltime: str | None, mem: str | None, overcommit: bool, job_log: str | None,
                    output: str | None, overrides: tuple[str, ...]) -> None:
     """Write a batch script that runs CONFIG inside one SLURM allocation."""
     from simpipe.cluster.batch import BatchOptions, batch_script  # noqa: PLC0415
 
-    config = _load(config_path, overrides)
+    config = load(config_path, overrides)
+    if config.cluster.kind != "slurm":
+        raise ConfigError(f'simpipe sbatch needs cluster.kind = "slurm" (got '
+                          f'"{config.cluster.kind}")')
     if job_log is None:
         # SLURM does not create the folder of --output; the job would fail without it.
         log_dir = Path(config.cluster.log_directory
@@ -274,8 +135,8 @@ def sbatch_command(config_path: str, nodes: int, gpus_per_node: int, workers_per
                         overcommit=overcommit)
     try:
         text = batch_script(config.cluster, opts)
-    except (ValueError, *_cluster_errors()) as exc:
-        _fail(str(exc))
+    except ValueError as exc:  # an option out of range; the cluster's own errors are ours
+        raise ConfigError(str(exc)) from None
     if output == "-":
         click.echo(text, nl=False)
         return
@@ -287,50 +148,14 @@ def sbatch_command(config_path: str, nodes: int, gpus_per_node: int, workers_per
 
 @click.command("batch-task", hidden=True)
 @click.argument("config_path", metavar="CONFIG", type=click.Path(exists=True, dir_okay=False))
-@_set
+@set_option
 def batch_task(config_path: str, overrides: tuple[str, ...]) -> None:
     """One srun task of a `simpipe sbatch` job (scheduler, client or worker by rank)."""
-    from dask_jobqueue.slurm import SLURMRunner  # noqa: PLC0415
+    from simpipe.batch_run import run_batch_task  # noqa: PLC0415 - heavy: dask-jobqueue
 
-    from simpipe.cluster.batch import batch_endpoints  # noqa: PLC0415
-    from simpipe.cluster.connect import (  # noqa: PLC0415
-        SimpipeClient,
-        dashboard_scheduler_options,
-    )
-    from simpipe.cluster.servers import wait_urls_healthy  # noqa: PLC0415
-    from simpipe.runner import run_simulation  # noqa: PLC0415
-
-    config = _load(config_path, overrides)
-    cluster = config.cluster
-    scheduler_file = (Path(config.run.output_dir).resolve() / ".simpipe-batch"
-                      / "scheduler-{job_id}.json")
-    scheduler_file.parent.mkdir(parents=True, exist_ok=True)
-    scheduler_options = {**({"interface": cluster.interface} if cluster.interface else {}),
-                         **dashboard_scheduler_options(cluster)}
-    worker_options = {"nthreads": max(1, cluster.cores // cluster.processes),
-                      "memory_limit": cluster.memory_limit if cluster.memory_limit != "auto"
-                      else "auto"}
-    if cluster.interface:
-        worker_options["interface"] = cluster.interface
-    if cluster.local_directory:
-        worker_options["local_directory"] = os.path.expandvars(cluster.local_directory)
-    # Scheduler and worker ranks block inside SLURMRunner and exit there; only the client
-    # rank (1) gets past this line.
-    with SLURMRunner(scheduler_file=str(scheduler_file), scheduler_options=scheduler_options,
-                     worker_options=worker_options) as runner, SimpipeClient(runner) as client:
-        client.wait_for_workers(runner.n_workers, timeout=cluster.start_timeout_s)
-        urls = batch_endpoints(cluster)
-        extra: list[str] = []
-        if urls:
-            backend = cluster.servers.endpoint_backend or config.agents.backend
-            click.echo(f"waiting for {len(urls)} server(s): {', '.join(urls)}")
-            wait_urls_healthy(urls, cluster.servers)
-            extra = [f"agents.{backend}.endpoints={json.dumps(urls)}"]
-        config = _load(config_path, [*overrides, *extra])
-        result = run_simulation(config, client=client)
+    result = run_batch_task(load(config_path, overrides))
+    if result is not None:
         click.echo(f"results: {result.run_dir}  ({result.wall_s:.1f} s)")
-    scheduler_file.with_name(scheduler_file.name.format(
-        job_id=os.environ.get("SLURM_JOB_ID", ""))).unlink(missing_ok=True)
 
 
 def register(main: click.Group) -> None:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
-import sys
 import textwrap
 from pathlib import Path
 
 import click
+
+from simpipe.errors import SimpipeError
 
 SPEC_FILE = "_population.json"
 
@@ -20,11 +21,6 @@ def _population_dir(path: Path) -> Path | None:
     return None
 
 
-def _fail(message: str) -> None:
-    click.echo(f"error: {message}", err=True)
-    sys.exit(2)
-
-
 @click.command("show")
 @click.argument("directory", metavar="DIR", type=click.Path(exists=True, file_okay=False))
 @click.option("--samples", default=3, show_default=True, help="Sample personas to print.")
@@ -33,20 +29,23 @@ def population_show(directory: str, samples: int) -> None:
     chi-square p-value for random sampling, and a few sample personas."""
     import numpy as np  # noqa: PLC0415 - keep `simpipe --help` light
     import pandas as pd  # noqa: PLC0415
-    from pydantic import ValidationError  # noqa: PLC0415
 
     from simpipe.personas.checks import attribute_report  # noqa: PLC0415
     from simpipe.personas.config import ConditionalAttribute, PopulationConfig  # noqa: PLC0415
 
     pop_dir = _population_dir(Path(directory))
     if pop_dir is None:
-        _fail(f"{directory}: no {SPEC_FILE} here or in population/ (build it with "
-              "`simpipe population build CONFIG`)")
-    meta = json.loads((pop_dir / SPEC_FILE).read_text(encoding="utf-8"))
+        raise SimpipeError(f"{directory}: no {SPEC_FILE} here or in population/ (build it "
+                           "with `simpipe population build CONFIG`)")
+    spec = pop_dir / SPEC_FILE
     try:
+        meta = json.loads(spec.read_text(encoding="utf-8"))
         config = PopulationConfig.model_validate(meta["population"])
-    except (KeyError, ValidationError) as exc:
-        _fail(f"{pop_dir / SPEC_FILE}: not a population spec this version reads ({exc})")
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        # ValidationError is a ValueError; its text spans lines, the first names the problem
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise SimpipeError(f"{spec}: not a population spec this version reads ({reason}); "
+                           "build it again with `simpipe population build CONFIG`") from None
     frame = pd.read_parquet(pop_dir)
     click.echo(f"population {pop_dir}: {len(frame):,} agents in {meta.get('n_partitions')} "
                f"partitions, sampling {config.sampling}, seed {meta.get('seed')}, "

@@ -13,7 +13,7 @@ import json
 import re
 import tomllib
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args, get_origin
 
 from pydantic import (
     BaseModel,
@@ -21,33 +21,35 @@ from pydantic import (
     Field,
     FiniteFloat,
     StrictInt,
+    Tag,
     ValidationError,
+    create_model,
     field_validator,
     model_validator,
 )
 
-from simpipe.cluster.config import ClusterConfig
-from simpipe.games.config import GameConfig
-from simpipe.inference.settings import (
-    LlamaCppSettings,
-    OpenAISettings,
-    SamplingSettings,
-    TgiSettings,
+from simpipe.backends import (
+    BACKEND_NAMES,
+    BACKENDS,
+    DEPTH_LIMIT,  # noqa: F401 - re-exported: the bounds of [agents.scripted]
+    LATENCY_LIMIT_S,  # noqa: F401
+    LLM_BACKENDS,
+    BackendPlugin,
+    ScriptedSettings,  # noqa: F401 - re-exported
 )
+from simpipe.cluster.config import KIND_ERROR, ClusterConfig, LocalClusterConfig
+from simpipe.errors import SimpipeError
+from simpipe.games.config import GameConfig
+from simpipe.inference.settings import SamplingSettings
 from simpipe.personas.config import PopulationConfig, attribute_labels
 
 
 # The largest TOML integer. Every use of the seed takes it: numpy's SeedSequence (any
 # integer >= 0) and the per-agent request seeds, computed in uint64 (simpipe.agents.llm).
 SEED_MAX = 2**63 - 1
-# The cognitive hierarchy stops at level 20 (simpipe.games.level_k.MAX_LEVEL); its Poisson
-# shares exp(-tau) * tau**k / k! underflow to 0 for tau above ~700.
-DEPTH_LIMIT = 100.0
-# Sleeps the scripted agents take; longer than an hour is a typo, inf would never return.
-LATENCY_LIMIT_S = 3600.0
 
 
-class ConfigError(ValueError):
+class ConfigError(SimpipeError, ValueError):
     """A config problem; ``str(err)`` is ready to print (one line per problem)."""
 
 
@@ -75,21 +77,10 @@ class RunSection(_Section):
         return name
 
 
-class ScriptedSettings(_Section):
-    """Rule-based agents (cognitive hierarchy); no LLM."""
+class _Agents(SamplingSettings):
+    """``[agents]`` without the back-ends' tables (``AgentsConfig`` adds one per back-end)."""
 
-    tau: FiniteFloat = Field(1.5, ge=0, le=DEPTH_LIMIT)
-    # The sd of a log-normal factor: exp(10 * a normal draw) still fits a float64.
-    noise: FiniteFloat = Field(0.25, ge=0, le=10)
-    latency_s: FiniteFloat = Field(0.0, ge=0, le=LATENCY_LIMIT_S)
-    # attribute -> label -> added to this agent's mean reasoning depth
-    depth_shift: dict[str, dict[str, Annotated[FiniteFloat, Field(ge=-DEPTH_LIMIT,
-                                                                  le=DEPTH_LIMIT)]]] = Field(
-        default_factory=dict)
-
-
-class AgentsConfig(SamplingSettings):
-    backend: Literal["scripted", "llamacpp", "tgi", "openai"] = "scripted"
+    backend: Literal[BACKEND_NAMES] = "scripted"  # type: ignore[valid-type]
     # "auto": agents with the same prompt draw from one answer distribution computed for it,
     # where the back-end and the answer format allow it; "off": one model call per agent.
     share_answers: Literal["auto", "off"] = "auto"
@@ -105,10 +96,24 @@ class AgentsConfig(SamplingSettings):
     reproducible: bool = False
     # Characters of each answer kept in the `raw` column (the parse sees all of it).
     max_raw_chars: int = Field(4096, ge=0, le=2**20)
-    scripted: ScriptedSettings = ScriptedSettings()
-    llamacpp: LlamaCppSettings = LlamaCppSettings()
-    tgi: TgiSettings = TgiSettings()
-    openai: OpenAISettings = OpenAISettings()
+
+    @property
+    def plugin(self) -> BackendPlugin:
+        """The chosen back-end's entry in ``simpipe.backends.BACKENDS``."""
+        return BACKENDS[self.backend]
+
+    @property
+    def settings(self) -> BaseModel:
+        """The chosen back-end's table, ``[agents.<backend>]``."""
+        return getattr(self, self.backend)
+
+
+#: ``[agents]``: sampling, answer sharing, the back-end's name, and one table per back-end
+#: of ``simpipe.backends.BACKENDS`` (``agents.scripted``, ``agents.llamacpp``, ...).
+AgentsConfig = create_model(
+    "AgentsConfig", __base__=_Agents, __module__=__name__,
+    **{name: (plugin.settings, plugin.settings()) for name, plugin in BACKENDS.items()},
+)
 
 
 class Config(_Section):
@@ -125,7 +130,7 @@ class Config(_Section):
     population: PopulationConfig = PopulationConfig()
     game: GameConfig = GameConfig()
     agents: AgentsConfig = AgentsConfig()
-    cluster: ClusterConfig = ClusterConfig()
+    cluster: ClusterConfig = LocalClusterConfig()
 
     @model_validator(mode="before")
     @classmethod
@@ -215,7 +220,7 @@ def run_job_log_dir(output_dir: str | Path, name: str) -> Path:
     return (Path(output_dir) / name / "logs" / "slurm").absolute()
 
 
-_PERSONA_AGENT_KEYS = ("backend", "llamacpp", "tgi", "openai")
+_PERSONA_AGENT_KEYS = ("backend", *LLM_BACKENDS)
 
 
 def persona_agents_config(raw: dict[str, Any]) -> AgentsConfig:
@@ -235,9 +240,9 @@ def persona_agents_config(raw: dict[str, Any]) -> AgentsConfig:
         err = exc.errors(include_url=False)[0]
         where = ".".join([key, *map(str, err["loc"])])
         raise ValueError(f"{where}: {err['msg']}") from None
-    if agents.backend == "scripted":
-        raise ValueError(f"{key}.backend = 'scripted': personas need an LLM; "
-                         "allowed: llamacpp, tgi, openai")
+    if not agents.plugin.is_llm:
+        raise ValueError(f"{key}.backend = {agents.backend!r}: personas need an LLM; "
+                         f"allowed: {', '.join(LLM_BACKENDS)}")
     return agents
 
 
@@ -301,16 +306,25 @@ def apply_override(raw: dict, item: str) -> None:
 def _error_lines(exc: ValidationError, raw: dict) -> list[str]:
     lines = []
     for err in exc.errors(include_url=False):
-        loc = [str(p) for p in err["loc"] if not str(p).startswith(("function-", "tagged-union"))]
-        # Pydantic names union members in the location; they mean nothing to a user.
-        loc = [p for p in loc if p not in ("CategoricalAttribute", "IntegerAttribute",
-                                            "ConditionalAttribute")]
-        key = ".".join(loc) or "(top level)"
+        keys, kinds, _ = _walk(err["loc"])
+        key = ".".join(keys) or "(top level)"
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
-            section = _model_at(loc[:-1])
-            allowed = ", ".join(section.model_fields) if section else "see the README"
-            lines.append(f"unknown key {key!r}; allowed here: {allowed}")
+            section = _walk(err["loc"][:-1])[2]
+            names = list(section.model_fields) if section else []
+            allowed = ", ".join(sorted(names, key=lambda n: n != "kind")) or "see the README"
+            # Name the kind where it decided which keys belong (a key of another kind).
+            section_key = ".".join(keys[:-1])
+            chosen = [(where, kind) for where, kind in kinds if where == section_key]
+            if chosen:
+                where, kind = chosen[0]
+                lines.append(f"unknown key {key!r} for {where}.kind = {kind!r}; allowed here: "
+                             f"{allowed} (to change the kind with --set, replace the section: "
+                             f"--set '{where}={{kind=\"{kind}\", ...}}')")
+            else:
+                lines.append(f"unknown key {key!r}; allowed here: {allowed}")
+        elif err["type"] == KIND_ERROR:
+            lines.append(f"{key}.kind = {err['input'].get('kind')!r}: {msg}")
         elif err["type"] == "missing":
             lines.append(f"{key}: missing; {msg.lower()}")
         elif "input" in err and not isinstance(err["input"], dict):
@@ -320,13 +334,45 @@ def _error_lines(exc: ValidationError, raw: dict) -> list[str]:
     return lines
 
 
-def _model_at(loc: list[str]) -> type[BaseModel] | None:
-    model: type[BaseModel] = Config
-    for part in loc:
-        field = model.model_fields.get(part)
-        if field is None or not isinstance(field.annotation, type):
-            return None
-        if not issubclass(field.annotation, BaseModel):
-            return None
-        model = field.annotation
-    return model
+# Pydantic names the members of an untagged union in an error's location; they mean
+# nothing to a user.
+_MEMBER_NAMES = ("CategoricalAttribute", "IntegerAttribute", "ConditionalAttribute")
+
+
+def _walk(loc: tuple) -> tuple[list[str], list[tuple[str, str]], type[BaseModel] | None]:
+    """An error location as the user's key path, the ``(section, kind)`` of each tagged
+    union (``[cluster]``) on the way (pydantic puts the chosen kind in the location), and
+    the section model it ends in (None inside a dict or a list)."""
+    keys: list[str] = []
+    kinds: list[tuple[str, str]] = []
+    model: type[BaseModel] | None = Config
+    parts = [str(p) for p in loc]
+    i = 0
+    while i < len(parts):
+        part = parts[i]
+        i += 1
+        if part.startswith(("function-", "tagged-union")) or part in _MEMBER_NAMES:
+            continue
+        keys.append(part)
+        field = model.model_fields.get(part) if model is not None else None
+        members = _tagged_members(field.annotation) if field is not None else {}
+        if members and i < len(parts) and parts[i] in members:
+            kinds.append((".".join(keys), parts[i]))
+            model = members[parts[i]]
+            i += 1
+        elif field is not None and isinstance(field.annotation, type) \
+                and issubclass(field.annotation, BaseModel) and not members:
+            model = field.annotation
+        else:
+            model = None
+    return keys, kinds, model
+
+
+def _tagged_members(annotation: Any) -> dict[str, type[BaseModel]]:
+    """``{tag: model}`` of a union of ``Annotated[model, Tag(tag)]`` (``[cluster]``)."""
+    members = {}
+    for member in get_args(annotation):
+        if get_origin(member) is Annotated:
+            model, *meta = get_args(member)
+            members.update({m.tag: model for m in meta if isinstance(m, Tag)})
+    return members

@@ -27,7 +27,7 @@ import math
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from simpipe.tables import markdown_table
@@ -53,6 +53,8 @@ class GpuStats:
     times: list[float]  # modelled time of each sample, ascending
     cumulative: list[tuple[float, float, int]]  # (busy_s, work_s, completed) per sample
     profile: dict
+    # (running, queued) per sample; (0, 0) where an older emulator's series lacks them
+    load: list[tuple[float, float]] = field(default_factory=list)
 
     def at(self, unix_time: float) -> tuple[float, float, float]:
         """Cumulative (busy_s, work_s, completed) at a client clock time, interpolated."""
@@ -85,16 +87,21 @@ def parse_stats(url: str, data: Any) -> GpuStats:
         raise StatsError(f"{url}{STATS_PATH}: no series")
     try:
         ti, bi, wi, ci = (columns.index(c) for c in ("t_s", "busy_s", "work_s", "completed"))
-        rows = [(float(r[ti]), float(r[bi]), float(r[wi]), float(r[ci])) for r in series]
+        ri, qi = (columns.index(c) if c in columns else None for c in ("running", "queued"))
+        rows = [(float(r[ti]), float(r[bi]), float(r[wi]), float(r[ci]),
+                 float(r[ri]) if ri is not None else 0.0,
+                 float(r[qi]) if qi is not None else 0.0) for r in series]
+        rows.append((float(data["now_s"]), float(data["busy_s"]), float(data["work_s"]),
+                     float(data["completed"]), float(data.get("running") or 0),
+                     float(data.get("queued") or 0)))
     except (ValueError, TypeError, IndexError) as exc:
         raise StatsError(f"{url}{STATS_PATH}: malformed series ({exc})") from None
-    rows.append((float(data["now_s"]), float(data["busy_s"]), float(data["work_s"]),
-                 float(data["completed"])))
     rows = [r for r in rows if all(math.isfinite(v) for v in r)]
     rows.sort()
     profile = data.get("profile") if isinstance(data.get("profile"), dict) else {}
     return GpuStats(url, float(data["started_unix"]), float(data["time_scale"]),
-                    [r[0] for r in rows], [r[1:] for r in rows], profile)
+                    [r[0] for r in rows], [r[1:4] for r in rows], profile,
+                    [r[4:] for r in rows])
 
 
 def fetch_stats(urls: Sequence[str]) -> tuple[list[GpuStats], list[str]]:
@@ -124,6 +131,26 @@ def fleet_window(stats: Sequence[GpuStats], start_unix: float, end_unix: float) 
         work.append(w1 - w0)
         done += c1 - c0
     return {"busy_s": busy, "work_s": work, "completed": done}
+
+
+def fleet_edges(stats: Sequence[GpuStats], start_unix: float,
+                end_unix: float) -> dict[str, list[float]]:
+    """Where a round left the fleet underfed, per GPU in modelled seconds: ``ramp_s`` from the
+    round's start to its first sample with a sequence running, ``tail_s`` from its last
+    sample with requests waiting (more work than it could run) to the round's end. A GPU
+    with no such sample in the round (a fleet too fast to be caught busy) is left out."""
+    ramp, tail = [], []
+    for gpu in stats:
+        t0 = (start_unix - gpu.started_unix) * gpu.time_scale
+        t1 = (end_unix - gpu.started_unix) * gpu.time_scale
+        inside = [(t, load) for t, load in zip(gpu.times, gpu.load, strict=True) if t0 <= t <= t1]
+        running = [t for t, (r, _) in inside if r > 0]
+        queued = [t for t, (_, q) in inside if q > 0]
+        if running:
+            ramp.append(running[0] - t0)
+        if queued:
+            tail.append(t1 - queued[-1])
+    return {"ramp_s": ramp, "tail_s": tail}
 
 
 def estimate(ledger: dict, stats: Sequence[GpuStats], gpus_per_server: int = 1,

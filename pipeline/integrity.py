@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from simpipe.errors import SimpipeError
 from simpipe.games.beauty_contest import SUMMARY_COLUMNS
 from simpipe.layout import RunPaths
 from simpipe.personas.sampling import partition_bounds
@@ -33,7 +34,7 @@ AgentRange = tuple[int, int]  # [start, stop) of one partition's agent ids
 RESUME_REPAIRS = "`simpipe run CONFIG --resume` moves it aside and rebuilds it"
 
 
-class CorruptFile(ValueError):
+class CorruptFile(SimpipeError, ValueError):
     """A file that is missing, unreadable or not what simpipe wrote there."""
 
     def __init__(self, path: Path, problem: str) -> None:

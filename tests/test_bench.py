@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from support import REPO
+from support import REPO, one_error_line
 
 
 def _table(stdout: str) -> list[dict[str, str]]:
@@ -52,6 +52,20 @@ def test_bench_client_refuses_nonsense_sizes():
     )
     assert proc.returncode == 2
     assert "Invalid value for '--requests'" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize(("option", "value", "says"), [
+    ("--profile", "h200", "--profile h200: unknown emulator profile 'h200'; known:"),
+    ("--worker-memory", "lots", "--worker-memory lots: expected an amount of memory"),
+    ("--kill-server-at", "5", "--kill-server-at needs --nodes 2 or more"),
+])
+def test_bench_fleet_refuses_a_bad_option_in_one_line_before_starting_anything(option, value,
+                                                                               says):
+    proc = subprocess.run(
+        [sys.executable, "-m", "simpipe.cli", "bench", "fleet", option, value],
+        cwd=REPO, capture_output=True, text=True, timeout=60,
+    )
+    assert one_error_line(proc).startswith(f"error: {says}")
 
 
 @pytest.mark.llm

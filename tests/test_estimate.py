@@ -11,7 +11,14 @@ import sys
 from pathlib import Path
 
 import pytest
-from simpipe.estimate import StatsError, estimate, fetch_stats, format_estimate, parse_stats
+from simpipe.estimate import (
+    StatsError,
+    estimate,
+    fetch_stats,
+    fleet_edges,
+    format_estimate,
+    parse_stats,
+)
 from simpipe.inference.emulator import EmulatorProcess
 
 T0 = 1_000_000.0  # the emulators' start on the client's clock
@@ -67,6 +74,29 @@ def test_with_a_time_scale_the_modelled_gpu_time_can_exceed_the_wall_time():
     (r,) = est["rounds"]
     assert r["estimate_s"] == pytest.approx(48) and r["limit"] == "GPUs"
     assert r["fleet_busy"] == pytest.approx(48 / 50)
+
+
+def test_the_round_barrier_shows_as_ramp_and_tail_per_gpu():
+    """Ramp: the round's start to the first running sequence; tail: the last moment with
+    requests waiting to the round's end (the barrier's drain); on a 4x time scale."""
+    def loaded(rows):  # (t_s, running, queued)
+        return {**gpu_stats([(t, 0, 0, 0) for t, _, _ in rows], scale=4.0),
+                "series": [[t, r, q, 0, 0, 0] for t, r, q in rows]}
+
+    busy = parse_stats("http://a", loaded([(0, 0, 0), (4, 0, 0), (8, 5, 9), (36, 9, 2),
+                                           (40, 3, 0), (44, 0, 0)]))
+    fast = parse_stats("http://b", loaded([(0, 0, 0), (44, 0, 0)]))  # never caught busy
+    edges = fleet_edges([busy, fast], T0, T0 + 11.0)  # 44 modelled seconds
+    assert edges == {"ramp_s": [8.0], "tail_s": [8.0]}
+
+
+def test_series_without_load_columns_still_parse():
+    old = gpu_stats([(0, 0, 0, 0), (10, 9, 6, 500)])
+    old["series_columns"] = ["t_s", "busy_s", "work_s", "completed"]
+    old["series"] = [[t, b, w, c] for t, _, _, b, w, c in old["series"]]
+    gpu = parse_stats("http://g", old)
+    assert gpu.at(T0 + 10) == (9, 6, 500)
+    assert fleet_edges([gpu], T0, T0 + 10) == {"ramp_s": [], "tail_s": []}
 
 
 def test_rounds_are_cut_out_of_the_series_by_their_times():

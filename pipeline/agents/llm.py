@@ -36,7 +36,7 @@ from simpipe.games.answer_format import number_grammar, number_json_schema, numb
 from simpipe.games.config import GameConfig
 from simpipe.games.parsing import parse_many
 from simpipe.games.prompts import HistoryItem, PromptBuilder
-from simpipe.inference.base import Backend, GenerationRequest, GenerationResult, OutputConstraint
+from simpipe.inference.base import AnswerColumns, Backend, GenerationRequest, OutputConstraint
 from simpipe.inference.llamacpp_sampler import ChainSettings
 from simpipe.inference.settings import SamplingSettings
 
@@ -90,10 +90,52 @@ def prompting(game: GameConfig, style: str) -> tuple[PromptBuilder, OutputConstr
 
 def render_prompts(agents: pd.DataFrame, turn: Turn, style: str) -> list:
     """Each agent's prompt for this turn: rules, persona, own history (str or chat messages)."""
+    codes, distinct = distinct_prompts(agents, turn, style)
+    return [distinct[c] for c in codes.tolist()]
+
+
+def distinct_prompts(agents: pd.DataFrame, turn: Turn, style: str) -> tuple[np.ndarray, list]:
+    """``(codes, prompts)``: agent ``i``'s prompt is ``prompts[codes[i]]``; each distinct
+    prompt is rendered once, numbered in order of first appearance.
+
+    Agents with the same persona and the same history (own answers, winning numbers) get
+    the same prompt: in round 1 without personas that is every agent, and later rounds
+    repeat a lot, so rendering per agent would mostly redo the same text.
+    """
     builder, _ = prompting(turn.game, style)
-    personas = agents["persona"].tolist() if "persona" in agents else [None] * len(agents)
-    return builder.render_many(personas, histories(turn.past_guesses, turn.past_winning),
-                               turn.round_index)
+    n = len(agents)
+    personas = agents["persona"].to_numpy(dtype=object) if "persona" in agents else None
+    key = np.zeros((n, 1))
+    if personas is not None:
+        key[:, 0] = pd.factorize(personas, use_na_sentinel=False)[0]
+    past = turn.past_guesses is not None and turn.past_winning.shape[1] > 0
+    if past:
+        # One NaN bit pattern: invalid answers and unannounced rounds compare equal.
+        history = np.column_stack([turn.past_guesses, turn.past_winning]).astype(np.float64)
+        key = np.column_stack([key, np.where(np.isnan(history), np.nan, history)])
+    codes, first = _row_codes(key)
+    rendered = builder.render_many(
+        [None] * first.size if personas is None else personas[first].tolist(),
+        histories(turn.past_guesses[first], turn.past_winning[first]) if past else None,
+        turn.round_index,
+    )
+    # Two keys can still render alike (-0.0 and 0.0 both read "0"): number the texts.
+    text_codes, _ = pd.factorize(pd.Series([_prompt_key(p) for p in rendered], dtype=object))
+    _, firsts = np.unique(text_codes, return_index=True)
+    return text_codes[codes], [rendered[i] for i in firsts.tolist()]
+
+
+def _row_codes(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(codes, first)``: which distinct row of ``key`` each row is, numbered in order of
+    first appearance, and the index of each distinct row's first appearance."""
+    if key.shape[0] == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    rows = np.ascontiguousarray(key).view(np.dtype((np.void, key.dtype.itemsize * key.shape[1])))
+    _, first, inverse = np.unique(rows.ravel(), return_index=True, return_inverse=True)
+    order = np.argsort(first, kind="stable")
+    rank = np.empty_like(order)
+    rank[order] = np.arange(order.size)
+    return rank[inverse.ravel()], first[order]
 
 
 def requests_for(prompts: list, seeds: np.ndarray, game: GameConfig,
@@ -147,10 +189,9 @@ class LLMAgents(AgentPolicy):
     def decide(self, agents: pd.DataFrame, turn: Turn) -> Decisions:
         game = turn.game
         n = len(agents)
-        prompts = render_prompts(agents, turn, self.backend.prompt_style)
+        codes, prompts = distinct_prompts(agents, turn, self.backend.prompt_style)
         seeds = agent_seeds(turn.seed, turn.round_index, agents["agent_id"].to_numpy())
-        codes, uniques = pd.factorize(pd.Series([_prompt_key(p) for p in prompts],
-                                                dtype=object))
+        uniques = [_prompt_key(p) for p in prompts]
         stats = DecisionStats(prompt_ids=np.unique(np.fromiter(
             (prompt_hash(u) for u in uniques), np.uint64, len(uniques))))
         out = _Answers(n)
@@ -159,12 +200,14 @@ class LLMAgents(AgentPolicy):
             self._draw_shared(out, codes, list(uniques), seeds, game, stats)
         todo = np.nonzero(~out.shared)[0]
         if todo.size:
-            requests = requests_for([prompts[i] for i in todo], seeds[todo], game,
+            # One request per distinct prompt; each agent's differs only by its seed.
+            distinct = requests_for(prompts, np.zeros(len(prompts), np.int64), game,
                                     self.sampling)
             # Beside shared answers (reproducible by construction) the remaining calls are
             # made reproducible too, so that a whole run is.
-            out.fill(todo, run_async(self.backend.generate(
-                requests, reproducible=sharing or self.sampling.reproducible)))
+            out.fill(todo, run_async(self.backend.generate_many(
+                distinct, codes[todo], seeds[todo],
+                reproducible=sharing or self.sampling.reproducible)))
             stats.model_calls += int(todo.size)
         guesses, statuses = parse_many(out.texts, game.low, game.high, game.prompt == "cot")
         statuses[out.failed] = "error"
@@ -218,10 +261,11 @@ class _Answers:
         self.latency_s = np.zeros(n, np.float64)
         self.errors = np.full(n, None, dtype=object)
 
-    def fill(self, idx: np.ndarray, results: list[GenerationResult]) -> None:
-        self.texts[idx] = [r.text for r in results]
-        self.failed[idx] = [r.status == "error" for r in results]
-        self.tokens_in[idx] += [r.tokens_in for r in results]
-        self.tokens_out[idx] += [r.tokens_out for r in results]
-        self.latency_s[idx] = [r.latency_s for r in results]
-        self.errors[idx] = [r.error for r in results]
+    def fill(self, idx: np.ndarray, answers: AnswerColumns) -> None:
+        n = len(answers)
+        self.texts[idx] = np.fromiter(answers.text, object, n)
+        self.failed[idx] = np.fromiter((e is not None for e in answers.error), bool, n)
+        self.tokens_in[idx] += np.fromiter(answers.tokens_in, np.int64, n)
+        self.tokens_out[idx] += np.fromiter(answers.tokens_out, np.int64, n)
+        self.latency_s[idx] = np.fromiter(answers.latency_s, np.float64, n)
+        self.errors[idx] = np.fromiter(answers.error, object, n)

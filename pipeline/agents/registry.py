@@ -1,85 +1,116 @@
-"""One policy object per worker process and agents config, reused across partitions and
-rounds, so a model is loaded (or an HTTP session opened) once per process."""
+"""The worker process's policies and engines, built from ``simpipe.backends.BACKENDS``.
+
+One engine per worker process and back-end settings (``[agents.<backend>]``), shared by
+every user in the process: the game's agents of every partition and round, and the persona
+generator of the population build. A run whose personas and agents use the same model
+(``population.persona.agents`` and ``[agents]`` with the same ``llamacpp`` table) therefore
+loads it once per worker. One policy per agents config, reused likewise.
+
+The engines are closed when the worker shuts down: ``close_engines_on_shutdown`` registers
+a worker plugin that does it.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from distributed import Client, WorkerPlugin
+from distributed.core import Status
 
 from simpipe.agents.base import AgentPolicy
+from simpipe.aio import process_loop
+from simpipe.backends import BACKENDS
 from simpipe.config import AgentsConfig
 from simpipe.inference.base import Backend, GenerationRequest
 
+EngineFactory = Callable[[AgentsConfig], Backend]
+
 _lock = threading.Lock()
 _policies: dict[str, AgentPolicy] = {}
+_engines: dict[str, Backend] = {}
 
 
 def backend_class(name: str) -> type[Backend]:
-    """The class of the LLM back-end ``name`` (imported on demand: a scripted run never
-    loads the HTTP client, and importing the llamacpp module does not load xllamacpp)."""
-    if name == "llamacpp":
-        from simpipe.inference.llamacpp import LlamaCppBackend  # noqa: PLC0415
-
-        return LlamaCppBackend
-    if name == "tgi":
-        from simpipe.inference.tgi import TgiBackend  # noqa: PLC0415
-
-        return TgiBackend
-    if name == "openai":
-        from simpipe.inference.openai_compat import OpenAIBackend  # noqa: PLC0415
-
-        return OpenAIBackend
-    raise ValueError(f"agents.backend = {name!r} is not an LLM back-end")
+    """The engine class of the LLM back-end ``name`` (importing it loads no model)."""
+    plugin = BACKENDS.get(name)
+    if plugin is None or not plugin.is_llm:
+        raise ValueError(f"agents.backend = {name!r} is not an LLM back-end")
+    return plugin.engine_class()
 
 
 def build_backend(agents: AgentsConfig) -> Backend:
-    """The LLM back-end ``agents.backend`` names (not "scripted")."""
-    return backend_class(agents.backend)(getattr(agents, agents.backend))  # type: ignore[call-arg]
+    """A new engine for ``agents.backend`` (an LLM back-end), not cached."""
+    return backend_class(agents.backend)(agents.settings)  # type: ignore[call-arg]
+
+
+def process_backend(agents: AgentsConfig, factory: EngineFactory | None = None) -> Backend:
+    """This process's engine for ``agents.backend`` and its settings table, built on first
+    use; ``factory`` replaces the engine (tests inject one; cached apart)."""
+    key = f"{getattr(factory, '__qualname__', 'engine')}:{agents.backend}:" \
+          f"{agents.settings.model_dump_json()}"
+    with _lock:
+        engine = _engines.get(key)
+        if engine is None:
+            engine = _engines[key] = (factory or build_backend)(agents)
+        return engine
+
+
+def process_engines() -> list[str]:
+    """The keys of the engines this process holds (back-end and settings)."""
+    with _lock:
+        return sorted(_engines)
 
 
 def backend_supports_distributions(agents: AgentsConfig) -> bool:
     """Whether ``agents.backend`` can compute shared answer distributions (no model load)."""
-    if agents.backend == "scripted":
-        return False
-    return backend_class(agents.backend).supports_answer_distributions
+    return agents.plugin.is_llm and backend_class(agents.backend).supports_answer_distributions
 
 
 def prompt_style(agents: AgentsConfig) -> str:
     """The prompt shape ``agents.backend`` will use ("completion" or "chat")."""
-    if agents.backend == "llamacpp":
-        return agents.llamacpp.prompt_style
-    if agents.backend == "openai":
-        return "chat" if agents.openai.api == "chat" else "completion"
-    return "completion"
+    return agents.plugin.prompt_style(agents.settings)
+
+
+def scripted_policy(settings: Any) -> AgentPolicy:
+    """The ``scripted`` back-end's policy (``simpipe.backends``): cognitive-hierarchy agents."""
+    from simpipe.agents.scripted import ScriptedAgents  # noqa: PLC0415
+
+    return ScriptedAgents(settings.tau, settings.noise, settings.latency_s, settings.depth_shift)
 
 
 def build_policy(agents: AgentsConfig) -> AgentPolicy:
-    if agents.backend == "scripted":
-        from simpipe.agents.scripted import ScriptedAgents  # noqa: PLC0415
-
-        s = agents.scripted
-        return ScriptedAgents(s.tau, s.noise, s.latency_s, s.depth_shift)
+    if not agents.plugin.is_llm:
+        return agents.plugin.policy_factory()(agents.settings)
     from simpipe.agents.llm import LLMAgents  # noqa: PLC0415
 
-    return LLMAgents(build_backend(agents), agents)
+    return LLMAgents(process_backend(agents), agents)
 
 
 def get_policy(agents: AgentsConfig) -> AgentPolicy:
     key = agents.model_dump_json()
     with _lock:
         policy = _policies.get(key)
-        if policy is None:
-            policy = _policies[key] = build_policy(agents)
-        return policy
+    if policy is None:
+        # Built outside the lock: its engine takes the lock itself (and loads a model).
+        built = build_policy(agents)
+        with _lock:
+            policy = _policies.setdefault(key, built)
+    return policy
 
 
 def process_counters() -> dict[str, dict]:
-    """Per-endpoint counters of every policy in this process (run on each worker)."""
+    """Per-endpoint counters of every engine in this process (run on each worker)."""
+    # Counters belong to engines (policies without one have none), and one engine serves
+    # every policy and persona builder on the same settings: summing over policies would
+    # count an engine once per agents config that used it.
     with _lock:
-        policies = list(_policies.values())
+        engines = list(_engines.values())
     total: dict[str, dict] = {}
-    for policy in policies:
-        for endpoint, counts in policy.counters().items():
+    for engine in engines:
+        for endpoint, counts in engine.counters().items():
             slot = total.setdefault(endpoint, {})
             for key, value in counts.items():
                 if isinstance(value, int | float):
@@ -98,3 +129,36 @@ def warm_policy(agents: AgentsConfig, requests: Sequence[GenerationRequest] = ()
         from simpipe.aio import run_async  # noqa: PLC0415
 
         run_async(policy.backend.generate(list(requests)))  # type: ignore[attr-defined]
+
+
+async def close_engines() -> int:
+    """Close every engine of this process and forget them and their policies; how many."""
+    with _lock:
+        engines = list(_engines.values())
+        _engines.clear()
+        _policies.clear()
+    for engine in engines:
+        await engine.aclose()
+    return len(engines)
+
+
+class EngineCloser(WorkerPlugin):
+    """Closes the worker's engines (models, HTTP sessions) when the worker shuts down.
+
+    Only then: registering the plugin again (every run does) replaces it on a live worker,
+    which must keep its loaded model for the partitions it is playing.
+    """
+
+    name = "simpipe-engines"
+
+    async def teardown(self, worker: Any) -> None:
+        if worker.status not in (Status.closing, Status.closing_gracefully, Status.closed):
+            return
+        # On the loop the engines were made on: their sessions and tasks live there.
+        closing = asyncio.run_coroutine_threadsafe(close_engines(), process_loop())
+        await asyncio.wrap_future(closing)
+
+
+def close_engines_on_shutdown(client: Client) -> None:
+    """Every current and future worker of ``client`` closes its engines when it shuts down."""
+    client.register_plugin(EngineCloser(), name=EngineCloser.name)

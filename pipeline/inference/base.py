@@ -9,9 +9,12 @@ for a single failed request: the failure becomes that agent's ``status="error"``
 from __future__ import annotations
 
 import abc
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
+
+import numpy as np
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,38 @@ class GenerationResult:
     endpoint: str | None = None
 
 
+class AnswerColumns:
+    """Many agents' answers as columns (one list each, one row per agent), filled in place:
+    a million-agent round makes no object per answer. ``error`` is None for an answer."""
+
+    __slots__ = ("error", "latency_s", "text", "tokens_in", "tokens_out")
+
+    def __init__(self, n: int) -> None:
+        self.text: list[str | None] = [None] * n
+        self.tokens_in: list[int] = [0] * n
+        self.tokens_out: list[int] = [0] * n
+        self.latency_s: list[float] = [0.0] * n
+        self.error: list[str | None] = [None] * n
+
+    def __len__(self) -> int:
+        return len(self.text)
+
+    def put(self, i: int, result: GenerationResult) -> None:
+        self.text[i] = result.text
+        self.tokens_in[i] = result.tokens_in
+        self.tokens_out[i] = result.tokens_out
+        self.latency_s[i] = result.latency_s
+        if result.status == "error":
+            self.error[i] = result.error or "the back-end gave no answer"
+
+    @classmethod
+    def of(cls, results: Sequence[GenerationResult]) -> AnswerColumns:
+        cols = cls(len(results))
+        for i, result in enumerate(results):
+            cols.put(i, result)
+        return cols
+
+
 @dataclass
 class EndpointCounters:
     """Per-endpoint counters, summed across partitions into ``run.json``."""
@@ -70,6 +105,7 @@ class EndpointCounters:
     requests: int = 0
     errors: int = 0
     retries: int = 0
+    marked_down: int = 0  # times it sat out after connection failures or timeouts in a row
     tokens_in: int = 0
     tokens_out: int = 0
     latency_s_sum: float = 0.0
@@ -80,6 +116,7 @@ class EndpointCounters:
             "requests": self.requests,
             "errors": self.errors,
             "retries": self.retries,
+            "marked_down": self.marked_down,
             "tokens_in": self.tokens_in,
             "tokens_out": self.tokens_out,
             "latency_s_sum": round(self.latency_s_sum, 6),
@@ -116,3 +153,16 @@ class Backend(abc.ABC):
 
     async def aclose(self) -> None:
         """Release sessions, servers and models."""
+
+    async def generate_many(self, distinct: Sequence[GenerationRequest], codes: np.ndarray,
+                            seeds: np.ndarray, *, reproducible: bool = False) -> AnswerColumns:
+        """One answer per agent ``i``: request ``distinct[codes[i]]`` with seed ``seeds[i]``.
+
+        The per-agent path of a round: agents share few distinct prompts (all of them in
+        round 1 without personas), so a back-end can prepare each distinct request once.
+        This default makes one request object per agent and calls ``generate``;
+        ``reproducible`` as there.
+        """
+        requests = [dataclasses.replace(distinct[c], seed=s)
+                    for c, s in zip(codes.tolist(), seeds.tolist(), strict=True)]
+        return AnswerColumns.of(await self.generate(requests, reproducible=reproducible))

@@ -264,6 +264,9 @@ class Emulator:
             **counters,
             "invalid": gpu.invalid,
             "busy_fraction": counters["busy_s"] / now if now > 0 else 0.0,
+            # Real CPU seconds of this whole process (every GPU in it) so far: what serving
+            # costs the machine, for benchmarks that share it with the pipeline.
+            "process_cpu_s": time.process_time(),
             "profile": {**profile.as_dict(),
                         "saturated_s_per_token_out": profile.full_batch_request_s(0, 1)},
             "series_columns": list(SERIES_COLUMNS),

@@ -6,21 +6,25 @@ endpoint choice with round-robin tie-breaks, fail-over (an endpoint that refuses
 connections or times out ``DOWN_AFTER`` times in a row sits out ``DOWN_FOR_S``), retries
 with exponential back-off and full jitter, and per-endpoint counters.
 
-This is the hot path of a million-agent round, so each request costs one encoded body,
-one POST, one ``json.loads`` and one ``GenerationResult``: no per-request tasks (a
-partition runs on a fixed set of worker coroutines), no logging, URLs parsed once.
+This is the hot path of a million-agent round, so each request costs one POST, one
+``json.loads`` and one decode: no per-request tasks (a partition runs on a fixed set of
+worker coroutines), no logging, URLs parsed once. A round's agents go through ``run_many``:
+each distinct request is JSON-encoded once and an agent's body is that template with its
+seed written in, and answers go into columns (``AnswerColumns``), not one object each.
 
 Counters per endpoint: ``requests`` = HTTP attempts sent there, ``errors`` = attempts that
 failed there (any reason), ``retries`` = failed attempts there that were tried again,
-tokens and ``latency_s_sum`` from successes. Latency runs from the first attempt leaving
-(after its wait for a slot under ``max_concurrency``) to the answer, retries included: the
-time a server spent on the agent, as the embedded back-end measures it, not the time the
-request queued in this process.
+``marked_down`` = times it was taken out of the rotation (``DOWN_AFTER`` connection
+failures or timeouts in a row), tokens and ``latency_s_sum`` from successes. Latency runs
+from the first attempt leaving (after its wait for a slot under ``max_concurrency``) to the
+answer, retries included: the time a server spent on the agent, as the embedded back-end
+measures it, not the time the request queued in this process.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import json
 import os
@@ -29,9 +33,17 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
 from simpipe.cluster.endpoints import is_local
 from simpipe.inference.answer_checks import MalformedAnswer
-from simpipe.inference.base import Backend, EndpointCounters, GenerationRequest, GenerationResult
+from simpipe.inference.base import (
+    AnswerColumns,
+    Backend,
+    EndpointCounters,
+    GenerationRequest,
+    GenerationResult,
+)
 from simpipe.inference.http_client import (
     ConnectFailed,
     ConnectionPool,
@@ -54,6 +66,12 @@ DOWN_FOR_S = 10.0  # how long it sits out before it is tried again
 Encoder = Callable[[GenerationRequest], tuple[str, bytes]]
 Decoder = Callable[[Any, Mapping[str, str]], tuple[str, int, int, str | None]]
 DECODE_ERRORS = (KeyError, TypeError, IndexError, ValueError, AttributeError, RecursionError)
+#: What sending one body came to: (text, tokens_in, tokens_out, latency_s, finish_reason,
+#: endpoint, error); error is None for an answer, else text is None.
+Outcome = tuple[str | None, int, int, float, str | None, str | None, str | None]
+#: The seed a request is encoded with to find where its seed goes: above any real seed
+#: (those are < 2**31), so the digits cannot be another number of the body.
+SEED_SENTINEL = 7_355_608_123_456_789
 #: The server's own words in an error are cut to this many characters.
 MAX_SERVER_MESSAGE = 300
 #: A run of this many characters of the API token is never shown (see ``redact``).
@@ -141,23 +159,70 @@ class EndpointPool:
         self, requests: Sequence[GenerationRequest], encode: Encoder, decode: Decoder
     ) -> list[GenerationResult]:
         """One result per request, in order; never raises for a failed request."""
-        n = len(requests)
+        results: list[GenerationResult | None] = [None] * len(requests)
+
+        def job(i: int) -> tuple[str, bytes] | str:
+            return _encoded(encode, requests[i])
+
+        def store(i: int, o: Outcome) -> None:
+            results[i] = GenerationResult(o[0], o[1], o[2], o[3],
+                                          "ok" if o[6] is None else "error", o[6], o[4], o[5])
+
+        await self._drive(len(requests), job, decode, store)
+        return results  # type: ignore[return-value]
+
+    async def run_many(self, distinct: Sequence[GenerationRequest], codes: np.ndarray,
+                       seeds: np.ndarray, encode: Encoder, decode: Decoder) -> AnswerColumns:
+        """One answer per agent ``i`` to ``distinct[codes[i]]`` with seed ``seeds[i]``.
+
+        Each distinct request is encoded once, split around its seed (``seed_template``);
+        an agent's body is that template with its seed written in.
+        """
+        n = len(codes)
+        out = AnswerColumns(n)
+        templates = [_template(encode, req) for req in distinct]
+        code_of, seed_of = codes.tolist(), seeds.tolist()
+        text, tokens_in, tokens_out = out.text, out.tokens_in, out.tokens_out
+        latency, error = out.latency_s, out.error
+
+        def job(i: int) -> tuple[str, bytes] | str:
+            template = templates[code_of[i]]
+            if type(template) is tuple:
+                path, head, tail = template
+                return path, b"%s%d%s" % (head, seed_of[i], tail)
+            if template is None:  # an encoder that does not write the seed as "seed": N
+                return _encoded(encode, dataclasses.replace(distinct[code_of[i]],
+                                                            seed=seed_of[i]))
+            return template  # why it cannot be encoded
+
+        def store(i: int, o: Outcome) -> None:
+            text[i], tokens_in[i], tokens_out[i], latency[i], _, _, error[i] = o
+
+        await self._drive(n, job, decode, store)
+        return out
+
+    async def _drive(self, n: int, job: Callable[[int], tuple[str, bytes] | str],
+                     decode: Decoder, store: Callable[[int, Outcome], None]) -> None:
+        """Send ``job(i)`` for every ``i < n`` on a fixed set of worker coroutines (no task
+        per request) and ``store`` each outcome."""
         if n == 0:
-            return []
+            return
         state = self._state()
-        results: list[GenerationResult | None] = [None] * n
         todo = iter(range(n))  # shared by the workers: each takes the next index
 
         async def worker() -> None:
             for i in todo:
-                results[i] = await self._call(state, requests[i], encode, decode)
+                sent = job(i)
+                if type(sent) is str:
+                    store(i, (None, 0, 0, 0.0, None, None, sent))
+                else:
+                    store(i, await self._send(state, sent[0], sent[1], decode))
 
         workers = min(n, self.capacity)
         if workers == 1:
             await worker()
         else:
             await asyncio.gather(*[worker() for _ in range(workers)])
-        return results  # type: ignore[return-value]
 
     def _pick(self, avoid: _Endpoint | None) -> _Endpoint:
         eps = self._endpoints
@@ -189,13 +254,8 @@ class EndpointPool:
         now = time.monotonic()
         return any(o is not ep and o.down_until <= now for o in self._endpoints)
 
-    async def _call(
-        self, state: _LoopState, req: GenerationRequest, encode: Encoder, decode: Decoder
-    ) -> GenerationResult:
-        try:
-            path, body = encode(req)
-        except (ValueError, TypeError) as exc:
-            return GenerationResult(None, status="error", error=f"cannot encode request: {exc}")
+    async def _send(self, state: _LoopState, path: str, body: bytes, decode: Decoder) -> Outcome:
+        """POST one body with retries and fail-over; its outcome, never an exception."""
         t0 = 0.0  # set when the first attempt gets its slot
         ep = None
         error = ""
@@ -239,15 +299,16 @@ class EndpointPool:
                 counters.tokens_in += tokens_in
                 counters.tokens_out += tokens_out
                 counters.latency_s_sum += latency
-                return GenerationResult(
-                    text, tokens_in, tokens_out, latency, "ok", None, finish, ep.name
-                )
+                return text, tokens_in, tokens_out, latency, finish, ep.name, None
 
             counters.errors += 1
             if status == 0:
                 ep.fails += 1
                 if ep.fails >= DOWN_AFTER:
-                    ep.down_until = time.monotonic() + DOWN_FOR_S
+                    now = time.monotonic()
+                    if ep.down_until <= now:  # requests failing together count it once
+                        counters.marked_down += 1
+                    ep.down_until = now + DOWN_FOR_S
             else:
                 ep.fails = 0  # it answered: up, whatever it said
                 error = error_text(status, raw, ep.name, self._token)
@@ -265,15 +326,10 @@ class EndpointPool:
                 delay = max(delay, min(float(retry_after), self._backoff_max_s))
             if delay > 0:
                 await asyncio.sleep(delay)
-        return GenerationResult(
-            None,
-            latency_s=time.perf_counter() - t0 if t0 else 0.0,
-            status="error",
-            # Belt and braces: error_text has already redacted the server's words; nothing
-            # else built here contains the token.
-            error=redact(error, self._token),
-            endpoint=ep.name if ep is not None else None,
-        )
+        # Belt and braces: error_text has already redacted the server's words; nothing
+        # else built here contains the token.
+        return (None, 0, 0, time.perf_counter() - t0 if t0 else 0.0, None,
+                ep.name if ep is not None else None, redact(error, self._token))
 
     async def aclose(self) -> None:
         """Close this event loop's connections."""
@@ -281,6 +337,31 @@ class EndpointPool:
         if state is not None:
             for conns in state.conns:
                 conns.close()
+
+
+def seed_template(encode: Encoder, req: GenerationRequest) -> tuple[str, bytes, bytes] | None:
+    """``encode(req)`` split around its seed: with seed ``s`` the body is ``head + str(s) +
+    tail``. None when the body does not hold the seed exactly once as ``"seed": N`` (text
+    inside the prompt cannot match: JSON escapes its quotes)."""
+    path, body = encode(dataclasses.replace(req, seed=SEED_SENTINEL))
+    parts = body.split(b'"seed": %d' % SEED_SENTINEL)
+    if len(parts) != 2:
+        return None
+    return path, parts[0] + b'"seed": ', parts[1]
+
+
+def _template(encode: Encoder, req: GenerationRequest) -> tuple[str, bytes, bytes] | str | None:
+    try:
+        return seed_template(encode, req)
+    except (ValueError, TypeError) as exc:
+        return f"cannot encode request: {exc}"
+
+
+def _encoded(encode: Encoder, req: GenerationRequest) -> tuple[str, bytes] | str:
+    try:
+        return encode(req)
+    except (ValueError, TypeError) as exc:
+        return f"cannot encode request: {exc}"
 
 
 def _describe(exc: BaseException, endpoint: str, timeout_s: float | None) -> str:
@@ -386,3 +467,8 @@ class HttpBackend(Backend):
 
     async def aclose(self) -> None:
         await self._pool.aclose()
+
+    async def generate_many(self, distinct: Sequence[GenerationRequest], codes: np.ndarray,
+                            seeds: np.ndarray, *, reproducible: bool = False) -> AnswerColumns:
+        # Servers batch as they like: ``reproducible`` cannot be honoured here.
+        return await self._pool.run_many(distinct, codes, seeds, self._encode, self._decode)

@@ -25,7 +25,6 @@ import asyncio
 import os
 import socket
 import ssl
-import time
 from collections.abc import Mapping
 
 import httptools
@@ -39,6 +38,8 @@ IDLE_REUSE_S = 4.0
 MAX_HEAD_BYTES = 64 * 1024
 #: Body of one answer, at most, unless the pool is given another bound.
 DEFAULT_MAX_BODY = 2**20
+#: Seconds between checks for requests past their deadline (a timeout fires this late at most).
+WATCH_S = 0.05
 
 
 class HttpError(Exception):
@@ -71,7 +72,8 @@ class Response:
 class _Connection(asyncio.Protocol):
     """One TCP connection; one request at a time (no pipelining)."""
 
-    def __init__(self, max_body: int) -> None:
+    def __init__(self, max_body: int, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
         self.waiter: asyncio.Future[Response] | None = None
@@ -84,6 +86,7 @@ class _Connection(asyncio.Protocol):
         self.closed = False
         self.keep_alive = True
         self.idle_since = 0.0
+        self.deadline = 0.0  # loop time by which the current answer must be complete
 
     # asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -155,9 +158,14 @@ class _Connection(asyncio.Protocol):
             raise ConnectionLost("the server closed the connection")
         self.got_bytes = False
         self.body_bytes = self.head_bytes = 0
-        self.waiter = asyncio.get_running_loop().create_future()
+        self.waiter = self.loop.create_future()
         self.transport.write(data)
         return self.waiter
+
+    def time_out(self) -> None:
+        """The answer did not come in time: fail the request and drop the connection."""
+        self._fail(TimeoutError())
+        self.abort()
 
     def abort(self) -> None:
         self.closed = True
@@ -202,6 +210,11 @@ class ConnectionPool:
 
     Belongs to the event loop it is first used on. Connections are opened on demand and
     kept for reuse; the caller bounds how many requests run at once.
+
+    Timeouts: every connection waiting for an answer has a deadline, and one check every
+    ``WATCH_S`` (while any is waiting) fails those past it. This costs a store per request
+    where ``asyncio.timeout`` costs a timer and a task cancellation each; a timeout fires
+    up to ``WATCH_S`` late.
     """
 
     def __init__(
@@ -225,6 +238,9 @@ class ConnectionPool:
         self._head = ("\r\n".join(lines) + "\r\n").encode("latin-1")
         self._idle: list[_Connection] = []
         self._paths: dict[str, bytes] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._waiting: set[_Connection] = set()  # sent with a deadline (some since answered)
+        self._watch: asyncio.TimerHandle | None = None
 
     async def post(self, path: str, body: bytes, timeout_s: float | None = None) -> Response:
         """POST ``body`` to ``base_url + path``. Raises ``ConnectFailed``, ``ConnectionLost``,
@@ -239,46 +255,78 @@ class ConnectionPool:
             len(body),
             body,
         )
-        async with asyncio.timeout(timeout_s):
-            return await self._exchange(data)
-
-    async def _exchange(self, data: bytes) -> Response:
-        conn, reused = await self._acquire()
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        deadline = None if timeout_s is None else loop.time() + timeout_s
+        conn = self._warm()
+        reused = conn is not None
+        if conn is None:
+            conn = await self._open(deadline)
         done = False
         try:
             try:
-                response = await conn.send(data)
+                response = await self._send(conn, data, deadline)
             except ConnectionLost:
                 if not reused or conn.got_bytes:
                     raise
                 # The server closed an idle connection just as we wrote to it: the request
                 # never reached it, so one fresh connection is a safe second try.
                 conn.abort()
-                conn, reused = await self._open(), False
-                response = await conn.send(data)
+                conn, reused = await self._open(deadline), False
+                response = await self._send(conn, data, deadline)
             done = True
             return response
         finally:
             if done and conn.keep_alive and not conn.closed:
-                conn.idle_since = time.monotonic()
+                conn.idle_since = loop.time()
                 self._idle.append(conn)
             else:
                 conn.abort()  # mid-answer (timeout, cancel) or told to close: never reuse
 
-    async def _acquire(self) -> tuple[_Connection, bool]:
-        now = time.monotonic()
+    def _send(self, conn: _Connection, data: bytes,
+              deadline: float | None) -> asyncio.Future[Response]:
+        waiter = conn.send(data)
+        if deadline is not None:
+            conn.deadline = deadline
+            self._waiting.add(conn)
+            if self._watch is None:
+                self._watch = self._loop.call_later(WATCH_S, self._check)  # type: ignore[union-attr]
+        return waiter
+
+    def _check(self) -> None:
+        """Fail every request past its deadline; keep checking while any is waiting."""
+        now = self._loop.time()  # type: ignore[union-attr]
+        for conn in list(self._waiting):
+            waiter = conn.waiter
+            if waiter is None or waiter.done():
+                self._waiting.discard(conn)
+            elif now >= conn.deadline:
+                self._waiting.discard(conn)
+                conn.time_out()
+        self._watch = (self._loop.call_later(WATCH_S, self._check)  # type: ignore[union-attr]
+                       if self._waiting else None)
+
+    def _warm(self) -> _Connection | None:
+        """An idle connection young enough to reuse, or None."""
+        now = self._loop.time()  # type: ignore[union-attr]
         while self._idle:
             conn = self._idle.pop()  # the most recently used: the warmest
             if not conn.closed and now - conn.idle_since < IDLE_REUSE_S:
-                return conn, True
+                return conn
             conn.abort()
-        return await self._open(), False
+        return None
 
-    async def _open(self) -> _Connection:
+    async def _open(self, deadline: float | None = None) -> _Connection:
+        # Outside the try below: TimeoutError is an OSError, and a timeout is no refusal.
+        async with asyncio.timeout_at(deadline):
+            return await self._connect()
+
+    async def _connect(self) -> _Connection:
         loop = asyncio.get_running_loop()
         try:
             _, conn = await loop.create_connection(
-                lambda: _Connection(self._max_body),
+                lambda: _Connection(self._max_body, loop),
                 self._host,
                 self._port,
                 ssl=self._tls,
@@ -295,6 +343,9 @@ class ConnectionPool:
         for conn in self._idle:
             conn.abort()
         self._idle.clear()
+        if self._watch is not None and not self._waiting:
+            self._watch.cancel()
+            self._watch = None
 
 
 def size_text(n: int) -> str:

@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import sys
-
 import click
-
-EXIT_USAGE = 2
 
 
 @click.command("report")
@@ -27,14 +23,9 @@ def report_command(run_dirs: tuple[str, ...], out: str | None, by: tuple[str, ..
     prints the tables. Several runs are compared side by side.
     """
     from simpipe.report.build import FORMATS, build_report  # noqa: PLC0415
-    from simpipe.report.load import ReportInputError  # noqa: PLC0415
     from simpipe.tables import markdown_table  # noqa: PLC0415
 
-    try:
-        report = build_report(run_dirs, out, by)
-    except ReportInputError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(EXIT_USAGE)
+    report = build_report(run_dirs, out, by)  # a bad input: ReportInputError, a SimpipeError
     if not quiet:
         for section in report.sections:
             click.echo(f"\n## {section.title}\n")

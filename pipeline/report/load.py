@@ -10,6 +10,7 @@ from pathlib import Path
 import pandas as pd
 import pyarrow.parquet as pq
 
+from simpipe.errors import SimpipeError
 from simpipe.games.beauty_contest import equilibrium
 from simpipe.games.config import GameConfig
 from simpipe.integrity import (
@@ -29,7 +30,7 @@ NOT_ATTRIBUTES = {"agent_id", "persona"}
 EXPECTED = "expected run.json, rounds/ and summary.parquet as written by `simpipe run`"
 
 
-class ReportInputError(ValueError):
+class ReportInputError(SimpipeError, ValueError):
     """A path or option the report cannot use; the message names it and what is expected."""
 
 

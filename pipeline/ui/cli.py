@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import click
 
+from simpipe.errors import SimpipeError
 from simpipe.ui.security import TOKEN_ENV, is_loopback
 
 
@@ -26,10 +26,9 @@ def ui_command(host: str, port: int, results: str) -> None:
     token = os.environ.get(TOKEN_ENV) or None
     loopback = is_loopback(host)
     if not loopback and not token:
-        click.echo(f"error: --host {host} is reachable from other machines: set {TOKEN_ENV} "
-                   "to a long random secret (every request must carry it), or keep the "
-                   "default --host 127.0.0.1", err=True)
-        sys.exit(2)
+        raise SimpipeError(f"--host {host} is reachable from other machines: set {TOKEN_ENV} "
+                           "to a long random secret (every request must carry it), or keep "
+                           "the default --host 127.0.0.1")
     root = Path(results)
     if not root.is_dir():
         click.echo(f"note: {root} does not exist yet; runs appear here once started", err=True)

@@ -5,13 +5,23 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def our_jobs(prefix: str) -> list[str]:
-    """Job ids whose name starts with ``prefix``."""
-    out = subprocess.run(["squeue", "-h", "-o", "%i %j"], capture_output=True, text=True,
-                         check=False).stdout
-    return [line.split()[0] for line in out.splitlines() if line.split()[1].startswith(prefix)]
+    """Job ids whose name starts with ``prefix``, submitted from this checkout: other
+    checkouts' test runs may share the SLURM, and their jobs are neither counted nor
+    cancelled here (the tests submit from the repository root)."""
+    out = subprocess.run(["squeue", "-h", "-o", "%i\t%j\t%Z"], capture_output=True,
+                         text=True, check=False).stdout
+    ids = []
+    for line in out.splitlines():
+        job_id, name, workdir = (line.split("\t") + ["", ""])[:3]
+        if name.startswith(prefix) and Path(workdir).resolve().is_relative_to(REPO):
+            ids.append(job_id)
+    return ids
 
 
 def wait_no_jobs(prefix: str, timeout: float = 30.0) -> list[str]:

@@ -10,7 +10,11 @@ from urllib.parse import urlsplit
 import psutil
 import pytest
 
-from simpipe.cluster.config import ClusterConfig
+from simpipe.cluster.config import (
+    AddressClusterConfig,
+    LocalClusterConfig,
+    SlurmClusterConfig,
+)
 from simpipe.cluster.connect import make_client, slurm_cluster
 
 
@@ -39,7 +43,7 @@ def _port_8787_may_be_taken():
 
 def test_default_dashboard_listens_on_loopback_only():
     before = listening()
-    with make_client(ClusterConfig(workers=1)) as client:
+    with make_client(LocalClusterConfig(workers=1)) as client:
         opened = listening() - before
         expected = comm_ports(client)
         link = client.dashboard_link
@@ -51,7 +55,7 @@ def test_default_dashboard_listens_on_loopback_only():
 
 def test_empty_dashboard_address_opens_no_http_server():
     before = listening()
-    with make_client(ClusterConfig(workers=2, dashboard_address="")) as client:
+    with make_client(LocalClusterConfig(workers=2, dashboard_address="")) as client:
         opened = listening() - before
         expected = comm_ports(client)
         assert client.dashboard_link in ("", None)
@@ -63,7 +67,7 @@ def test_empty_dashboard_address_opens_no_http_server():
 @pytest.mark.slurm
 @pytest.mark.parametrize("address", ["", "127.0.0.1:0"])
 def test_slurm_scheduler_dashboard_follows_the_config(address, slurm_controller):
-    config = ClusterConfig(kind="slurm", interface="lo", dashboard_address=address)
+    config = SlurmClusterConfig(interface="lo", dashboard_address=address)
     before = listening()
     with slurm_cluster(config) as cluster:  # no jobs: only the scheduler, in this process
         opened = listening() - before
@@ -79,8 +83,8 @@ def test_slurm_scheduler_dashboard_follows_the_config(address, slurm_controller)
 
 def test_a_client_of_a_scheduler_without_dashboard_has_an_empty_link():
     # `run --cluster NAME` connects by address to a scheduler that may have no dashboard.
-    with make_client(ClusterConfig(workers=1, dashboard_address="")) as first:
+    with make_client(LocalClusterConfig(workers=1, dashboard_address="")) as first:
         address = first.scheduler.address
-        with make_client(ClusterConfig(kind="address", address=address)) as client:
+        with make_client(AddressClusterConfig(address=address)) as client:
             assert client.dashboard_link == ""
             assert client.submit(sum, [2, 3]).result() == 5

@@ -8,17 +8,17 @@ import pytest
 from dask_jobqueue.slurm import SLURMJob
 
 from simpipe.cluster.batch import BatchOptions, batch_script
-from simpipe.cluster.config import ClusterConfig
+from simpipe.cluster.config import SlurmClusterConfig
 from simpipe.cluster.connect import slurm_cluster_kwargs
 from simpipe.cluster.endpoints import prefer_local, split_local
 from simpipe.cluster.servers import server_command, server_job_script
-from simpipe.cluster.state import run_overrides
+from simpipe.cluster.state import run_target
 from simpipe.config import ConfigError, load_config
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _worker_script(cluster: ClusterConfig) -> str:
+def _worker_script(cluster: SlurmClusterConfig) -> str:
     kwargs = slurm_cluster_kwargs(cluster)
     kwargs.pop("scheduler_options")
     return SLURMJob(scheduler="tcp://10.0.0.1:8786", name="w", **kwargs).job_script()
@@ -67,10 +67,10 @@ def test_vllm_example_scripts() -> None:
 
 
 def test_llamacpp_template_and_custom() -> None:
-    cfg = ClusterConfig(kind="slurm", servers={"kind": "llamacpp", "cpus_per_server": 2})
+    cfg = SlurmClusterConfig(servers={"kind": "llamacpp", "cpus_per_server": 2})
     cmd = server_command(cfg.servers, 9000, python="/py")
     assert cmd == "/py -m simpipe.inference.llamacpp_server --host 0.0.0.0 --port 9000 --threads 2"
-    custom = ClusterConfig(kind="slurm", servers={"kind": "custom",
+    custom = SlurmClusterConfig(servers={"kind": "custom",
                                                   "command": "srv --p {port} --m {model}"})
     assert server_command(custom.servers, 1) == "srv --p 1 --m"
 
@@ -80,7 +80,7 @@ def test_llamacpp_template_and_custom() -> None:
     ("1-00:00:00", ["--lifetime", "81780s", "--lifetime-stagger", "300s"]),
 ])
 def test_lifetime_below_walltime(walltime: str, expected: list[str]) -> None:
-    assert ClusterConfig(kind="slurm", walltime=walltime).worker_lifetime_args() == expected
+    assert SlurmClusterConfig(walltime=walltime).worker_lifetime_args() == expected
 
 
 def test_config_errors_name_the_key(tmp_path: Path) -> None:
@@ -103,12 +103,33 @@ def test_endpoint_preference() -> None:
     assert prefer_local(eps, names) == [eps[1], eps[2], eps[0], eps[3]]
 
 
-def test_run_overrides() -> None:
+def test_an_emulated_node_prefers_its_own_servers_on_one_machine() -> None:
+    """Every server here is on 127.0.0.1; a process told it is emulated node 2 prefers
+    node 2's servers, and its endpoint pool falls back to the others."""
+    from simpipe.cluster.endpoints import emulate_node, is_local
+    from simpipe.inference.http import EndpointPool
+    from simpipe.inference.settings import TgiSettings
+
+    eps = [f"http://127.0.0.1:{port}" for port in (8300, 8301, 8302, 8303)]
+    assert all(is_local(e) for e in eps)
+    emulate_node(eps[2:])
+    try:
+        assert [is_local(e) for e in eps] == [False, False, True, True]
+        assert prefer_local(eps) == [eps[2], eps[3], eps[0], eps[1]]
+        pool = EndpointPool(TgiSettings(endpoints=eps, max_concurrency=1))
+        assert {pool._pick(None).name for _ in range(4)} == set(eps[2:])
+        for ep in pool._endpoints[2:]:
+            ep.load = 1  # both saturated: another node's server takes the overflow
+        assert pool._pick(None).name in eps[:2]
+    finally:
+        emulate_node(None)
+    assert all(is_local(e) for e in eps)
+
+
+def test_run_target() -> None:
     state = {"name": "c", "state": "ready", "scheduler": "tcp://1.2.3.4:5",
              "endpoint_backend": "openai",
              "servers": [{"url": "http://a:1", "healthy": True}, {"url": "http://b:2",
                                                                   "healthy": False}]}
-    assert run_overrides(state, "openai") == [
-        'cluster.kind="address"', 'cluster.address="tcp://1.2.3.4:5"',
-        'agents.openai.endpoints=["http://a:1"]']
-    assert run_overrides(state, "scripted") == run_overrides(state, "scripted")[:2]
+    assert run_target(state, "openai") == ("tcp://1.2.3.4:5", ["http://a:1"])
+    assert run_target(state, "scripted") == ("tcp://1.2.3.4:5", [])

@@ -138,6 +138,49 @@ def test_timeout_covers_the_whole_exchange_and_the_connection_is_not_reused():
     assert status == 200 and connections == 2
 
 
+def test_a_connection_that_never_completes_its_handshake_times_out():
+    """The timeout covers connecting too: a server that accepts TCP but never speaks TLS
+    is a timeout (retried elsewhere), not a refusal, and many such requests each end."""
+    async def go():
+        accepted = []
+        srv = await asyncio.start_server(lambda r, w: accepted.append(w), "127.0.0.1", 0)
+        pool = ConnectionPool(f"https://127.0.0.1:{srv.sockets[0].getsockname()[1]}")
+        outcomes = await asyncio.gather(*[pool.post("/x", b"", timeout_s=0.2)
+                                          for _ in range(5)], return_exceptions=True)
+        pool.close()
+        srv.close()
+        return outcomes
+
+    outcomes = asyncio.run(go())
+    assert all(type(o) is TimeoutError for o in outcomes), outcomes
+
+
+def test_each_request_keeps_its_own_deadline():
+    """Requests in flight together time out each at its own deadline: a slow answer fails
+    only the request that waited too long."""
+    async def go():
+        async def serve(reader, writer):
+            head = await reader.readuntil(b"\r\n\r\n")
+            if b"/slow" in head:
+                await asyncio.sleep(1.0)
+            writer.write(_ok(b"{}"))
+            await writer.drain()
+
+        srv = await asyncio.start_server(serve, "127.0.0.1", 0)
+        pool = ConnectionPool(f"http://127.0.0.1:{srv.sockets[0].getsockname()[1]}")
+        outcomes = await asyncio.gather(pool.post("/slow", b"", timeout_s=0.2),
+                                        pool.post("/fast", b"", timeout_s=0.2),
+                                        pool.post("/slow", b"", timeout_s=5),
+                                        return_exceptions=True)
+        pool.close()
+        srv.close()
+        return outcomes
+
+    slow, fast, patient = asyncio.run(go())
+    assert type(slow) is TimeoutError
+    assert fast.status == 200 and patient.status == 200
+
+
 def test_refused_and_garbage_answers_raise_errors_that_say_so():
     async def go():
         probe = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)

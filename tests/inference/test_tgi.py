@@ -179,7 +179,9 @@ def test_a_delay_beyond_the_timeout_is_retried_then_an_error():
     assert (c["requests"], c["errors"], c["retries"]) == (3, 3, 2)
 
 
-def test_a_dead_endpoint_is_failed_over():
+def test_a_dead_endpoint_is_failed_over_and_marked_down_once():
+    """A server that refuses DOWN_AFTER times in a row leaves the rotation; run.json and the
+    web page show that as marked_down (once, however many requests failed together)."""
     dead = closed_port_url()
 
     async def go(stub, backend):
@@ -193,6 +195,8 @@ def test_a_dead_endpoint_is_failed_over():
     assert counters[dead]["errors"] == counters[dead]["requests"]
     assert counters[dead]["tokens_out"] == 0
     assert counters[live]["requests"] == 60 and counters[live]["errors"] == 0
+    assert counters[dead]["errors"] >= 3 and counters[dead]["marked_down"] == 1
+    assert counters[live]["marked_down"] == 0
 
 
 async def _dead_and_live(dead: str, fn):

@@ -113,6 +113,35 @@ def test_runs_view_shows_a_finished_run_with_the_parquet_numbers(server, results
     shot(page, "run")
 
 
+def test_an_endpoint_the_run_lost_is_flagged_on_its_page(server, results, page, dask_client):
+    """A run whose first endpoint refuses every connection (a server that is gone): its
+    page flags that endpoint as lost, with how often it was taken out of the rotation."""
+    import socket  # noqa: PLC0415
+
+    from simpipe.inference.stub_server import StubProcess  # noqa: PLC0415
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{sock.getsockname()[1]}"  # nothing listens once closed
+    with StubProcess() as stub:
+        config = small_config(results.parent, run={"name": "lost-endpoint"},
+                              population={"size": 200, "partitions": 2}, game={"rounds": 1},
+                              agents={"backend": "tgi", "tgi": {"endpoints": [dead, stub.url],
+                                                                 "backoff_s": 0.01}})
+        run_simulation(config, client=dask_client)
+    page.goto(f"{server.url}/#/runs/lost-endpoint")
+    page.wait_for_selector("#endpoints-table tbody tr")
+    rows = page.eval_on_selector_all(
+        "#endpoints-table tbody tr",
+        "rows => rows.map(r => [r.className, ...[...r.children].map(c => c.textContent)])")
+    by_url = {row[1].replace(" lost", ""): row for row in rows}
+    lost, live = by_url[dead], by_url[stub.url]
+    assert lost[0] == "endpoint-lost" and lost[1].endswith(" lost")
+    assert number(lost[5]) >= 1 and number(lost[3]) >= 3  # marked down; errors
+    assert live[0] == "" and number(live[5]) == 0 and number(live[2]) >= 200
+    shot(page, "run-lost-endpoint")
+
+
 def _write_config(path: Path, results: Path, name: str) -> Path:
     path.write_text(f"""
 [run]

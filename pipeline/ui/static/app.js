@@ -273,12 +273,15 @@ function roundsTable(run) {
 function endpointsTable(run) {
   const names = Object.keys(run.endpoints || {});
   if (!names.length) return h("p", { className: "muted" }, "No endpoint counters (scripted agents make no requests).");
-  const cols = ["endpoint", "requests", "errors", "retries", "tokens in", "tokens out", "mean latency"];
+  const cols = ["endpoint", "requests", "errors", "retries", "marked down", "tokens in", "tokens out", "mean latency"];
   return h("table", { id: "endpoints-table" }, h("thead", {}, h("tr", {}, cols.map((c, i) => h("th", { className: i ? "num" : "" }, c)))),
     h("tbody", {}, names.map((n) => {
       const e = run.endpoints[n];
-      return h("tr", {}, h("td", {}, n), h("td", { className: "num" }, fmt.int(e.requests)), h("td", { className: "num" }, fmt.int(e.errors)),
-        h("td", { className: "num" }, fmt.int(e.retries)), h("td", { className: "num" }, fmt.int(e.tokens_in)), h("td", { className: "num" }, fmt.int(e.tokens_out)),
+      // A server the run lost (refused or timed out DOWN_AFTER times in a row) is marked.
+      const lost = Number(e.marked_down) > 0 ? [" ", h("span", { className: "badge failed" }, "lost")] : [];
+      return h("tr", { className: lost.length ? "endpoint-lost" : "" }, h("td", {}, n, ...lost), h("td", { className: "num" }, fmt.int(e.requests)),
+        h("td", { className: "num" }, fmt.int(e.errors)), h("td", { className: "num" }, fmt.int(e.retries)), h("td", { className: "num" }, fmt.int(e.marked_down)),
+        h("td", { className: "num" }, fmt.int(e.tokens_in)), h("td", { className: "num" }, fmt.int(e.tokens_out)),
         h("td", { className: "num" }, e.requests ? `${fmt.num((e.latency_s_sum / e.requests) * 1000, 0)} ms` : "–"));
     })));
 }
