@@ -125,7 +125,7 @@ class _Writer:
         if heading is not None:
             self.lines += [f"{_hashes(depth)} {heading}", ""]
             if about:
-                self.lines += [_cell(about), ""]
+                self.lines += [_sentence(about), ""]
             if model in self.anchors:
                 text, anchor = self.anchors[model]
                 self.lines += [f"The same keys as [{text}](#{anchor}).", ""]
@@ -143,6 +143,9 @@ class _Writer:
                 rows.append(_row(name, field, _KIND_ROW))
             else:
                 rows.append(_row(name, field))
+        if kind_variant:
+            # The kind first: it decides which of the other rows apply.
+            rows.sort(key=lambda row: not row.startswith("| `kind` |"))
         if rows:
             self.lines += ["| key | type and allowed values | default | description |",
                            "|---|---|---|---|", *rows, ""]
@@ -153,12 +156,12 @@ class _Writer:
             if len(variants) == 1:
                 about = field.description or ""
                 if _default_of(field) is None:
-                    about = f"{about} Optional: not set unless given.".strip()
+                    about = f"{_sentence(about)} Optional: not set unless given.".strip()
                 self.section(variants[0].model, sub_path, depth + 1, sub_heading, label, about)
                 continue
             self.lines += [f"{_hashes(depth + 1)} {sub_heading}", ""]
             if field.description:
-                self.lines += [_cell(field.description), ""]
+                self.lines += [_sentence(field.description), ""]
             headings = [f"`[{shown}]` {v.label}" for v in variants]
             default = _default_kind(_default_of(field))
             self.lines += ["One of: " + ", ".join(f"[{v.label}](#{_slug(h)})"
@@ -368,6 +371,14 @@ def _docstring(model: type[BaseModel]) -> str:
             if isinstance(c, type) and issubclass(c, BaseModel) and c is not BaseModel
             and c.__dict__.get("__doc__")]
     return "\n\n".join(docs)
+
+
+def _sentence(text: str) -> str:
+    """A description shown as a paragraph: capitalised, ending in a full stop."""
+    text = _cell(text)
+    if text and not text.endswith("."):
+        text += "."
+    return text[:1].upper() + text[1:]
 
 
 def _cell(text: str) -> str:

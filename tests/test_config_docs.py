@@ -88,7 +88,7 @@ def test_a_union_keyed_on_kind_is_shown_once_per_kind_with_its_own_keys():
     text = config_reference(_Demo, title="Demo")
     local = text.index("\n### `[where]` kind `local`\n")
     slurm = text.index("\n### `[where]` kind `slurm`\n")
-    assert "where it runs" in text[:local]
+    assert "Where it runs." in text[:local]
     assert 'default: kind `local`' in text[:local]
     # Each kind's keys under its own heading, and only there.
     assert text.index("| `workers` |") in range(local, slurm)
