@@ -321,15 +321,16 @@ def number_regex(
     return _rx_up_to_marker(marker) + number
 
 
-def number_json_schema(low: float, high: float) -> dict:
-    """JSON schema ``{"number": <low..high>}``.
+def number_json_schema(low: float, high: float, *, integer: bool = False) -> dict:
+    """JSON schema ``{"number": <low..high>}`` (``integer``: a whole number).
 
-    Some converters ignore ``minimum``/``maximum`` (FACTS.md), so the parser still range-checks.
+    Some converters ignore ``minimum``/``maximum``, so the parser still range-checks.
     """
     _int_bounds(low, high)
+    kind = "integer" if integer else "number"
     return {
         "type": "object",
-        "properties": {"number": {"type": "number", "minimum": low, "maximum": high}},
+        "properties": {"number": {"type": kind, "minimum": low, "maximum": high}},
         "required": ["number"],
         "additionalProperties": False,
     }

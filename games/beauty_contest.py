@@ -1,35 +1,33 @@
 """The p-beauty contest's environment: target, winners and the per-round reduce.
 
-A partition reports a *partial*: per group, the count of each answer status and the
-value counts of its valid guesses. Value counts merge exactly across partitions and are
-enough for the mean, the median and the winners, so the reduce on the client is exact
-while moving at most one row per distinct guess (LLM answers are a few hundred integers).
+A partition reports a *partial*: per group, the count of each answer status and (its
+``values``) the value counts of its valid guesses. Value counts merge exactly across
+partitions and are enough for the mean, the median and the winners, so the reduce on the
+client is exact while moving at most one row per distinct guess (LLM answers are a few
+hundred integers).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import pandas as pd
 
-from simpipe.games.config import GameConfig
+from simpipe.games.config import BeautyContestConfig
+from simpipe.games.partials import Partial, status_counts
 
-STATUSES = ("ok", "unparsed", "out_of_range", "error")
-STATUS_COUNT_COLUMNS = ("n_ok", "n_unparsed", "n_out_of_range", "n_error")
 SUMMARY_COLUMNS = (
     "round", "group_id", "n", "n_valid", "mean", "median", "target", "winning_guess",
     "n_winners", "n_unparsed", "n_out_of_range", "n_error",
 )
 
 
-def target_of(mean: np.ndarray | float, game: GameConfig) -> np.ndarray:
+def target_of(mean: np.ndarray | float, game: BeautyContestConfig) -> np.ndarray:
     """``offset + ratio * mean``, clipped to ``[low, high]``; NaN stays NaN."""
     raw = game.offset + game.ratio_value * np.asarray(mean, dtype=np.float64)
     return np.clip(raw, game.low, game.high)
 
 
-def equilibrium(game: GameConfig) -> float:
+def equilibrium(game: BeautyContestConfig) -> float:
     """Where repeated best responses end: the fixed point of ``x -> target(x)``.
 
     For ratio < 1 it is ``offset / (1 - ratio)`` clipped to the range (0 for 2/3, 10 for
@@ -45,37 +43,17 @@ def equilibrium(game: GameConfig) -> float:
     return game.high if mid >= unstable else game.low
 
 
-@dataclass
-class Partial:
-    """What one partition contributes to a round's reduce."""
-
-    status_counts: pd.DataFrame  # group_id, n, n_ok, n_unparsed, n_out_of_range, n_error
-    value_counts: pd.DataFrame  # group_id, guess, count (valid guesses only)
-
-    @staticmethod
-    def concat(parts: list["Partial"]) -> "Partial":
-        return Partial(
-            pd.concat([p.status_counts for p in parts], ignore_index=True),
-            pd.concat([p.value_counts for p in parts], ignore_index=True),
-        )
-
-
 def partial_from_rows(rows: pd.DataFrame) -> Partial:
     """The partial of a round's rows (``group_id``, ``guess``, ``status``)."""
-    status = pd.Categorical(rows["status"], categories=STATUSES)
-    onehot = pd.get_dummies(status).astype(np.int64)
-    onehot.columns = list(STATUS_COUNT_COLUMNS)
-    onehot.insert(0, "n", 1)
-    onehot.insert(0, "group_id", rows["group_id"].to_numpy())
-    status_counts = onehot.groupby("group_id", sort=True).sum().reset_index()
-    valid = rows.loc[status == "ok", ["group_id", "guess"]]
+    counts, ok = status_counts(rows)
+    valid = rows.loc[ok, ["group_id", "guess"]]
     value_counts = (
         valid.groupby(["group_id", "guess"], sort=True).size().rename("count").reset_index()
     )
-    return Partial(status_counts, value_counts.astype({"count": np.int64}))
+    return Partial(counts, value_counts.astype({"count": np.int64}))
 
 
-def reduce_round(partial: Partial, game: GameConfig, round_index: int) -> pd.DataFrame:
+def reduce_round(partial: Partial, game: BeautyContestConfig, round_index: int) -> pd.DataFrame:
     """One summary row per group: n, n_valid, mean, median, target, winners.
 
     Winners are the agents whose valid guess is closest to the target; when two distinct
@@ -84,7 +62,7 @@ def reduce_round(partial: Partial, game: GameConfig, round_index: int) -> pd.Dat
     """
     counts = partial.status_counts.groupby("group_id", sort=True).sum()
     values = (
-        partial.value_counts.groupby(["group_id", "guess"], sort=True)["count"].sum().reset_index()
+        partial.values.groupby(["group_id", "guess"], sort=True)["count"].sum().reset_index()
     )
     stats = _value_stats(values, game)
     out = counts.join(stats, how="left")
@@ -95,7 +73,7 @@ def reduce_round(partial: Partial, game: GameConfig, round_index: int) -> pd.Dat
     return out[list(SUMMARY_COLUMNS)].astype({"group_id": np.int64, "n": np.int64})
 
 
-def _value_stats(values: pd.DataFrame, game: GameConfig) -> pd.DataFrame:
+def _value_stats(values: pd.DataFrame, game: BeautyContestConfig) -> pd.DataFrame:
     columns = ["mean", "median", "target", "winning_guess", "n_winners"]
     if values.empty:
         return pd.DataFrame(columns=columns, index=pd.Index([], name="group_id"), dtype=float)

@@ -1,24 +1,42 @@
-"""``[game]``: the rules of a p-beauty contest, validated once."""
+"""``[game]``: one table per game, chosen by ``kind``, validated once.
+
+Every game has ``rounds``, ``group_size`` and ``prompt``; the other keys are its own. The
+section is a pydantic union discriminated on ``kind`` (``"beauty_contest"`` when the table
+does not say), so a key of another game's table is refused with a line naming the game it
+belongs to, and errors name keys as the user wrote them (``game.ratio``, never the union
+member pydantic validated against).
+"""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
 from fractions import Fraction
-from typing import Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
     ConfigDict,
+    Discriminator,
     Field,
     FiniteFloat,
     StrictInt,
+    Tag,
+    TypeAdapter,
+    ValidationError,
+    WrapValidator,
     field_validator,
     model_validator,
 )
+from pydantic_core import PydanticCustomError
 
 # Guesses, targets and the agents' noise are computed in float64; a range this wide keeps
 # every difference (high - low, guess - equilibrium) finite, and no game needs more.
 VALUE_LIMIT = 1e9
+# Contributions are whole points; the answer grammar spells every integer up to the
+# endowment, so a typo such as 2e9 would build a grammar nobody needs.
+ENDOWMENT_LIMIT = 1_000_000
+DEFAULT_KIND = "beauty_contest"
 
 
 def parse_ratio(value: object) -> Fraction:
@@ -35,17 +53,25 @@ def parse_ratio(value: object) -> Fraction:
     raise ValueError("a fraction string such as \"2/3\" or a number is allowed")
 
 
-class GameConfig(BaseModel):
+class GameSettings(BaseModel):
+    """The keys every game's table has."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: str
+    rounds: StrictInt = Field(3, ge=1)
+    group_size: StrictInt = Field(0, ge=0)
+    prompt: Literal["basic", "cot"] = "basic"
+
+
+class BeautyContestConfig(GameSettings):
+    """The p-beauty contest: target = offset + ratio * mean, clipped to [low, high]."""
 
     kind: Literal["beauty_contest"] = "beauty_contest"
     ratio: str = "2/3"
     offset: FiniteFloat = Field(0.0, ge=-VALUE_LIMIT, le=VALUE_LIMIT)
     low: FiniteFloat = Field(0.0, ge=-VALUE_LIMIT, le=VALUE_LIMIT)
     high: FiniteFloat = Field(100.0, ge=-VALUE_LIMIT, le=VALUE_LIMIT)
-    rounds: StrictInt = Field(3, ge=1)
-    group_size: StrictInt = Field(0, ge=0)
-    prompt: Literal["basic", "cot"] = "basic"
     disclose_variant: bool = False
 
     @field_validator("ratio", mode="before")
@@ -70,7 +96,7 @@ class GameConfig(BaseModel):
         return value
 
     @model_validator(mode="after")
-    def _range(self) -> "GameConfig":
+    def _range(self) -> BeautyContestConfig:
         if self.low >= self.high:
             raise ValueError(f"game.low ({self.low:g}) must be below game.high ({self.high:g})")
         return self
@@ -78,3 +104,105 @@ class GameConfig(BaseModel):
     @property
     def ratio_value(self) -> float:
         return float(parse_ratio(self.ratio))
+
+
+class PublicGoodsConfig(GameSettings):
+    """The linear public goods game: each member of a group of ``group_size`` contributes
+    0..endowment points; payoff = endowment - own contribution + mpcr * group total."""
+
+    kind: Literal["public_goods"] = "public_goods"
+    rounds: StrictInt = Field(10, ge=1)
+    # Fixed groups of exactly this size (the population must divide into them).
+    group_size: StrictInt = Field(4, ge=2)
+    endowment: StrictInt = Field(20, ge=1, le=ENDOWMENT_LIMIT)
+    # Below 1: keeping a point always pays more than contributing it (the dilemma).
+    mpcr: FiniteFloat = Field(0.4, gt=0, lt=1)
+
+
+# One entry per game: its ``kind`` and its table.
+GAME_CONFIGS: dict[str, type[GameSettings]] = {
+    "beauty_contest": BeautyContestConfig,
+    "public_goods": PublicGoodsConfig,
+}
+AnyGameConfig = BeautyContestConfig | PublicGoodsConfig
+
+
+def _kind_of(value: Any) -> str | None:
+    if isinstance(value, Mapping):
+        kind = value.get("kind", DEFAULT_KIND)
+        return kind if isinstance(kind, str) else None
+    return getattr(value, "kind", None)
+
+
+def _kinds() -> str:
+    return ", ".join(repr(k) for k in GAME_CONFIGS)
+
+
+def _table_problems(value: Mapping) -> list[dict[str, Any]]:
+    """Line errors for an unknown ``kind`` and for keys that are not this game's."""
+    kind = value.get("kind", DEFAULT_KIND)
+    if not isinstance(kind, str) or kind not in GAME_CONFIGS:
+        return [{"type": PydanticCustomError("unknown_game", f"no such game; allowed: {_kinds()}"),
+                 "loc": ("kind",), "input": kind}]
+    fields = GAME_CONFIGS[kind].model_fields
+    problems = []
+    for key in value:
+        if key in fields:
+            continue
+        owners = [k for k, cls in GAME_CONFIGS.items() if key in cls.model_fields]
+        whose = (f"a key of kind = {' / '.join(map(repr, owners))}, not of kind = {kind!r}"
+                 if owners else f"no such key for kind = {kind!r}")
+        message = f"{whose}; allowed here: {', '.join(fields)}"
+        problems.append({"type": PydanticCustomError("unknown_game_key", message),
+                         "loc": (str(key),), "input": value[key]})
+    return problems
+
+
+def _untagged(exc: ValidationError) -> list[dict[str, Any]]:
+    """The errors as line errors without the union member's tag in their locations."""
+    lines = []
+    for err in exc.errors(include_url=False):
+        loc = err["loc"]
+        if loc and loc[0] in GAME_CONFIGS:
+            loc = loc[1:]
+        lines.append({"type": PydanticCustomError(err["type"], err["msg"]), "loc": loc,
+                      "input": err.get("input")})
+    return lines
+
+
+def _one_game_table(value: Any, handler: Callable[[Any], Any]) -> Any:
+    if isinstance(value, GameSettings):
+        return handler(value)
+    if not isinstance(value, Mapping):
+        raise ValidationError.from_exception_data("game", [{
+            "type": PydanticCustomError(
+                "game_table", f"a table is expected, e.g. [game] with kind = one of {_kinds()}"),
+            "loc": (), "input": value}])
+    problems = _table_problems(value)
+    if problems and problems[0]["loc"] == ("kind",):
+        raise ValidationError.from_exception_data("game", problems)
+    known = GAME_CONFIGS[value.get("kind", DEFAULT_KIND)].model_fields
+    try:
+        # Unknown keys are reported above; the rest is checked all the same.
+        game = handler({k: v for k, v in value.items() if k in known})
+    except ValidationError as exc:
+        problems += _untagged(exc)
+    if problems:
+        raise ValidationError.from_exception_data("game", problems)
+    return game
+
+
+# The ``[game]`` section: one of the games' tables, chosen by ``kind``.
+GameConfig = Annotated[
+    Annotated[BeautyContestConfig, Tag("beauty_contest")]
+    | Annotated[PublicGoodsConfig, Tag("public_goods")],
+    Discriminator(_kind_of),
+    WrapValidator(_one_game_table),
+]
+_GAME_ADAPTER: TypeAdapter[AnyGameConfig] = TypeAdapter(GameConfig)
+
+
+def game_config(raw: Any) -> AnyGameConfig:
+    """A ``[game]`` table (e.g. from a run's ``run.json``) as its game's config;
+    pydantic's ValidationError (a ValueError) when it is not one."""
+    return _GAME_ADAPTER.validate_python(raw)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from simpipe.games.beauty_contest import equilibrium, target_of
-from simpipe.games.config import GameConfig
+from simpipe.games.config import BeautyContestConfig
 
 MAX_LEVEL = 20
 
@@ -28,7 +28,7 @@ class HierarchyParams:
     noise: float = 0.25  # sd of the log-scale factor on the distance to the equilibrium
 
 
-def level_best_responses(game: GameConfig, tau: float, anchor_mean: float) -> np.ndarray:
+def level_best_responses(game: BeautyContestConfig, tau: float, anchor_mean: float) -> np.ndarray:
     """Mean guess of each level 0..MAX_LEVEL when level 0 averages ``anchor_mean``."""
     share = np.array([math.exp(-tau) * tau**k / math.factorial(k) for k in range(MAX_LEVEL + 1)])
     guesses = np.empty(MAX_LEVEL + 1)
@@ -40,7 +40,7 @@ def level_best_responses(game: GameConfig, tau: float, anchor_mean: float) -> np
 
 
 def hierarchy_guesses(
-    game: GameConfig,
+    game: BeautyContestConfig,
     params: HierarchyParams,
     depth_mean: np.ndarray,
     anchor: np.ndarray | None,

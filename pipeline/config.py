@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, get_args, get_origin
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -23,6 +24,7 @@ from pydantic import (
     StrictInt,
     Tag,
     ValidationError,
+    ValidationInfo,
     create_model,
     field_validator,
     model_validator,
@@ -39,7 +41,8 @@ from simpipe.backends import (
 )
 from simpipe.cluster.config import KIND_ERROR, ClusterConfig, LocalClusterConfig
 from simpipe.errors import SimpipeError
-from simpipe.games.config import GameConfig
+from simpipe.games.config import AnyGameConfig, BeautyContestConfig, GameConfig
+from simpipe.games.registry import game_for
 from simpipe.inference.settings import SamplingSettings
 from simpipe.personas.config import PopulationConfig, attribute_labels
 
@@ -122,6 +125,15 @@ AgentsConfig = create_model(
 )
 
 
+def _game_fits_population(game: AnyGameConfig, info: ValidationInfo) -> AnyGameConfig:
+    """The game's own rule on the population (public goods: whole groups only)."""
+    population = info.data.get("population")
+    problem = population is not None and game_for(game).population_problem(population.size)
+    if problem:
+        raise ValueError(problem)
+    return game
+
+
 class Config(_Section):
     """A config file is TOML with these sections. Every section may be left out, and so may
     every key that is not marked "required". ``--set key=value`` overrides any key on the
@@ -135,7 +147,9 @@ class Config(_Section):
 
     run: RunSection = RunSection()
     population: PopulationConfig = PopulationConfig()
-    game: GameConfig = GameConfig()
+    # One of the games' tables, chosen by game.kind (simpipe.games.config).
+    game: Annotated[GameConfig, AfterValidator(_game_fits_population)] = Field(
+        default_factory=BeautyContestConfig)
     agents: AgentsConfig = AgentsConfig()
     cluster: ClusterConfig = Field(LocalClusterConfig(), description=(
         "where the Dask workers run. `kind` chooses, and each kind has its own keys: a key of "

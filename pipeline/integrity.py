@@ -25,7 +25,8 @@ import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from simpipe.errors import SimpipeError
-from simpipe.games.beauty_contest import SUMMARY_COLUMNS
+from simpipe.games.base import Game
+from simpipe.games.registry import game_from_dict
 from simpipe.layout import RunPaths
 from simpipe.personas.sampling import partition_bounds
 
@@ -130,15 +131,16 @@ def expected_bounds(ledger: dict[str, Any], ledger_path: Path) -> list[AgentRang
 
 # --- summary.parquet ----------------------------------------------------------------------------
 
-def read_summary(path: Path) -> pd.DataFrame:
-    """``summary.parquet`` with every summary column; CorruptFile otherwise."""
+def read_summary(path: Path, columns: Sequence[str]) -> pd.DataFrame:
+    """``summary.parquet`` with every summary column of its game (``Game.summary_columns``);
+    CorruptFile otherwise."""
     try:
         summary = pd.read_parquet(path)
     except FileNotFoundError:
         raise CorruptFile(path, "missing") from None
     except (pa.ArrowException, OSError, ValueError) as exc:
         raise CorruptFile(path, f"not a readable Parquet file ({_reason(exc)})") from None
-    missing = [c for c in SUMMARY_COLUMNS if c not in summary.columns]
+    missing = [c for c in columns if c not in summary.columns]
     if missing:
         raise CorruptFile(path, f"no column {', '.join(missing)}")
     if not pd.api.types.is_integer_dtype(summary["round"]):
@@ -260,3 +262,14 @@ def read_ledger(path: Path) -> dict[str, Any]:
     """``run.json`` as a dict whose fields have the types simpipe writes; CorruptFile when
     it is missing, too big, not JSON or a field has the wrong type."""
     return read_json_record(path, _Ledger, MAX_LEDGER_BYTES)
+
+
+def run_game(ledger: dict[str, Any], ledger_path: Path) -> Game:
+    """The game a run's ``run.json`` (read with ``read_ledger``) configures; CorruptFile
+    naming run.json when its ``config.game`` is not a game's table."""
+    raw = (ledger.get("config") or {}).get("game") or {}
+    try:
+        return game_from_dict(raw)
+    except ValueError as exc:
+        problem = _first_error(exc) if isinstance(exc, ValidationError) else str(exc)
+        raise CorruptFile(ledger_path, f"config.game: {problem}") from None

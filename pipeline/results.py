@@ -15,7 +15,10 @@ from simpipe.layout import RunPaths
 
 
 def read_summary(run_dir: str | Path) -> pd.DataFrame:
-    return integrity.read_summary(RunPaths(Path(run_dir)).summary)
+    """``summary.parquet``, checked for the columns of the run's game (from run.json)."""
+    paths = RunPaths(Path(run_dir))
+    game = integrity.run_game(integrity.read_ledger(paths.ledger), paths.ledger)
+    return integrity.read_summary(paths.summary, game.summary_columns)
 
 
 def read_rounds(run_dir: str | Path, columns: list[str] | None = None) -> pd.DataFrame:

@@ -21,7 +21,8 @@ from simpipe.agents.registry import get_policy
 from simpipe.aio import gc_paused
 from simpipe.config import Config
 from simpipe.files import move_aside, write_parquet_atomic
-from simpipe.games.beauty_contest import Partial, partial_from_rows
+from simpipe.games.partials import Partial
+from simpipe.games.registry import game_for
 from simpipe.integrity import CorruptFile, read_part
 from simpipe.layout import RunPaths
 from simpipe.personas.sampling import partition_bounds
@@ -56,7 +57,7 @@ class PartitionJob:
 @dataclass
 class PartitionOutcome:
     partition: int
-    partial: Partial
+    partial: Partial  # the game's (Game.partial)
     n_agents: int
     tokens_in: int
     tokens_out: int
@@ -65,8 +66,8 @@ class PartitionOutcome:
     set_aside: str = ""  # a corrupt file found in place of this partition's: the warning
 
 
-def play_partition(job: PartitionJob, winning: np.ndarray) -> PartitionOutcome:
-    """``winning``: (groups, rounds so far), the number announced to each group each round."""
+def play_partition(job: PartitionJob, feedback: np.ndarray) -> PartitionOutcome:
+    """``feedback``: (groups, rounds so far), the number announced to each group each round."""
     paths = RunPaths(Path(job.run_dir))
     out = paths.round_part(job.round_index, job.partition)
     set_aside = ""
@@ -81,16 +82,17 @@ def play_partition(job: PartitionJob, winning: np.ndarray) -> PartitionOutcome:
             set_aside = f"{exc}; moved aside to {move_aside(out).name}, playing it again"
     agents = pd.read_parquet(paths.population_part(job.partition))
     policy = get_policy(job.config.agents)
-    past_guesses = None
-    if policy.needs_own_history and job.round_index > 0:
-        past_guesses = read_own_guesses(paths, job.partition, job.round_index)
+    past_answers = None
+    if policy.needs_own_answers(game_for(job.config.game)) and job.round_index > 0:
+        past_answers = read_own_answers(paths, job.partition, job.round_index)
     turn = Turn(
         game=job.config.game,
         seed=job.config.run.seed,
         round_index=job.round_index,
         partition=job.partition,
-        past_winning=winning[job.group_ids] if winning.size else np.empty((len(agents), 0)),
-        past_guesses=past_guesses,
+        past_feedback=(feedback[job.group_ids] if feedback.size
+                       else np.empty((len(agents), 0))),
+        past_answers=past_answers,
     )
     # A partition's agents are hundreds of thousands of containers (histories, answers,
     # coroutine frames) that reference counting frees; collections in between only walk
@@ -107,8 +109,8 @@ def play_partition(job: PartitionJob, winning: np.ndarray) -> PartitionOutcome:
     return _outcome(job, rows, decisions.stats, reused=False, set_aside=set_aside)
 
 
-def read_own_guesses(paths: RunPaths, partition: int, round_index: int) -> np.ndarray:
-    """(agents, rounds so far): this partition's earlier guesses, NaN where invalid."""
+def read_own_answers(paths: RunPaths, partition: int, round_index: int) -> np.ndarray:
+    """(agents, rounds so far): this partition's earlier answers, NaN where invalid."""
     columns = []
     for r in range(round_index):
         rows = pd.read_parquet(paths.round_part(r, partition), columns=["guess", "status"])
@@ -120,7 +122,7 @@ def _outcome(job: PartitionJob, rows: pd.DataFrame, stats: DecisionStats, reused
              set_aside: str = "") -> PartitionOutcome:
     return PartitionOutcome(
         partition=job.partition,
-        partial=partial_from_rows(rows),
+        partial=game_for(job.config.game).partial(rows),
         n_agents=len(rows),
         tokens_in=int(rows["tokens_in"].sum()),
         tokens_out=int(rows["tokens_out"].sum()),

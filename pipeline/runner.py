@@ -1,8 +1,9 @@
 """The round loop on the client: build the graph per round, reduce, announce, record.
 
 Each round is one Dask task per population partition (``round_task.play_partition``), all
-submitted at once; the environment's reduce of their partials runs here, and the winning
-number of each group is fed to the next round. Partitions and rounds already on disk are
+submitted at once; the game's reduce of their partials runs here (``simpipe.games``), and the
+number announced to each group (the beauty contest's winning number, the public goods game's
+total contribution) is fed to the next round. Partitions and rounds already on disk are
 skipped, which is what ``--resume`` relies on; each is checked first (``simpipe.integrity``):
 a corrupt part file is moved aside and its partition played again, a finished round with
 one is played (its good parts reused) and reduced again, and a corrupt ``summary.parquet``
@@ -41,8 +42,9 @@ from simpipe.console import Console
 from simpipe.errors import EXIT_CANCELLED, SimpipeError
 from simpipe.estimate import report_estimate
 from simpipe.files import move_aside, remove_stale_temps, write_parquet_atomic
-from simpipe.games.beauty_contest import Partial, equilibrium, reduce_round
+from simpipe.games.base import Game
 from simpipe.games.groups import assign_groups
+from simpipe.games.registry import game_for
 from simpipe.integrity import CorruptFile, read_ledger, read_summary, round_problems
 from simpipe.layout import RunPaths
 from simpipe.ledger import Ledger, RunDirError, open_run_dir
@@ -174,7 +176,8 @@ def _run_rounds(client: Client, config: Config, paths: RunPaths, ledger: Ledger,
     size, n_parts = config.population.size, config.population.n_partitions
     groups = assign_groups(size, config.game.group_size, config.run.seed)
     bounds = partition_bounds(size, n_parts)
-    summary = _read_summary(paths, ledger, console)
+    game = game_for(config.game)
+    summary = _read_summary(paths, ledger, console, game)
     done_rounds = set(summary["round"].tolist()) if len(summary) else set()
     done_rounds -= _rounds_with_corrupt_parts(paths, done_rounds, bounds, console)
     counters = _CounterWatch(client, ledger)
@@ -185,23 +188,22 @@ def _run_rounds(client: Client, config: Config, paths: RunPaths, ledger: Ledger,
             continue
         if paths.cancel_flag.exists():
             raise RunCancelled(str(paths.root))
-        winning = _winning_table(summary, int(groups.max()) + 1 if size else 1, r)
+        feedback = game.feedback_table(summary, int(groups.max()) + 1 if size else 1, r)
         observer.round_started(r)
         t_round = time.perf_counter()
         started_at = time.time()  # on the clock emulated servers' stats are aligned to
-        outcomes = _play_round(client, config, paths, ledger, console, r, groups, bounds, winning,
-                               token)
-        partial = Partial.concat([o.partial for o in outcomes])
-        rows = reduce_round(partial, config.game, r)
+        outcomes = _play_round(client, config, paths, ledger, console, r, groups, bounds,
+                               feedback, token)
+        rows = game.reduce([o.partial for o in outcomes], r)
         summary = _with_round(summary, rows, r)
         write_parquet_atomic(summary, paths.summary)
         elapsed = time.perf_counter() - t_round
         round_times.append(elapsed)
-        record = _round_record(rows, outcomes, elapsed, started_at)
+        record = _round_record(game, rows, outcomes, elapsed, started_at)
         ledger.record_round(r, record)
         observer.round_finished(r, record)
         counters.update()
-        console.line(_round_line(config, r, rows, record))
+        console.line(_round_line(config, game, r, rows, record))
         problem = next((o.stats.problem for o in outcomes if o.stats.problem), None)
         if problem:
             console.line(f"  not shared: {problem}")
@@ -210,13 +212,13 @@ def _run_rounds(client: Client, config: Config, paths: RunPaths, ledger: Ledger,
 
 def _play_round(client: Client, config: Config, paths: RunPaths, ledger: Ledger,
                 console: Console, r: int, groups: np.ndarray, bounds: list[tuple[int, int]],
-                winning: np.ndarray, token: str) -> list[PartitionOutcome]:
-    [winning_future] = client.scatter([winning], broadcast=True, hash=False)
+                feedback: np.ndarray, token: str) -> list[PartitionOutcome]:
+    [feedback_future] = client.scatter([feedback], broadcast=True, hash=False)
     futures = [
         client.submit(
             play_partition,
             PartitionJob(config, str(paths.root), r, k, groups[a:b]),
-            winning_future,
+            feedback_future,
             key=f"play-round-{r}-part-{k}-{token}",
             pure=False,
         )
@@ -269,15 +271,6 @@ def _wait_one(pending: as_completed, poll_s: float = 0.25) -> list:
     return []
 
 
-def _winning_table(summary: pd.DataFrame, n_groups: int, upto: int) -> np.ndarray:
-    """(groups, rounds < upto): the number announced to each group after each round."""
-    table = np.full((n_groups, upto), np.nan)
-    if upto and len(summary):
-        done = summary[summary["round"] < upto]
-        table[done["group_id"].to_numpy(), done["round"].to_numpy()] = done["target"].to_numpy()
-    return table
-
-
 def _check_ledger(paths: RunPaths) -> None:
     """An existing run.json must be readable before it is resumed or refused."""
     if paths.ledger.exists():
@@ -288,7 +281,8 @@ def _check_ledger(paths: RunPaths) -> None:
                               "(--resume needs it)") from None
 
 
-def _read_summary(paths: RunPaths, ledger: Ledger, console: Console) -> pd.DataFrame:
+def _read_summary(paths: RunPaths, ledger: Ledger, console: Console,
+                  game: Game) -> pd.DataFrame:
     """The summary rows of the rounds the ledger records as complete. A completed round
     without rows (a corrupt summary.parquet is moved aside) is played and reduced again
     from its part files."""
@@ -296,7 +290,7 @@ def _read_summary(paths: RunPaths, ledger: Ledger, console: Console) -> pd.DataF
     if not completed:
         return pd.DataFrame()
     try:
-        summary = read_summary(paths.summary)
+        summary = read_summary(paths.summary, game.summary_columns)
     except CorruptFile as exc:
         aside = (f"moved aside to {move_aside(paths.summary).name}, "
                  if paths.summary.exists() else "")
@@ -337,8 +331,8 @@ def _with_round(summary: pd.DataFrame, rows: pd.DataFrame, r: int) -> pd.DataFra
     return merged.sort_values(["round", "group_id"], kind="stable").reset_index(drop=True)
 
 
-def _round_record(rows: pd.DataFrame, outcomes: list[PartitionOutcome], elapsed: float,
-                  started_at: float) -> dict:
+def _round_record(game: Game, rows: pd.DataFrame, outcomes: list[PartitionOutcome],
+                  elapsed: float, started_at: float) -> dict:
     n = int(rows["n"].sum())
     played = [o for o in outcomes if not o.reused]
     prompt_ids = (np.unique(np.concatenate([o.stats.prompt_ids for o in played]))
@@ -352,7 +346,7 @@ def _round_record(rows: pd.DataFrame, outcomes: list[PartitionOutcome], elapsed:
         "n_unparsed": int(rows["n_unparsed"].sum()),
         "n_out_of_range": int(rows["n_out_of_range"].sum()),
         "n_error": int(rows["n_error"].sum()),
-        "mean": _weighted_mean(rows),
+        **game.round_numbers(rows),  # "mean", and the game's own headline numbers
         "tokens_in": sum(o.tokens_in for o in outcomes),
         "tokens_out": sum(o.tokens_out for o in outcomes),
         "elapsed_s": round(elapsed, 3),
@@ -366,13 +360,6 @@ def _round_record(rows: pd.DataFrame, outcomes: list[PartitionOutcome], elapsed:
         "fallback_prompts": sum(o.stats.fallback_prompts for o in played),
         "unseen_mass_max": max((o.stats.unseen_mass_max for o in played), default=0.0),
     }
-
-
-def _weighted_mean(rows: pd.DataFrame) -> float | None:
-    valid = rows["n_valid"].to_numpy()
-    if valid.sum() == 0:
-        return None
-    return float(np.nansum(rows["mean"].to_numpy() * valid) / valid.sum())
 
 
 class _CounterWatch:
@@ -408,20 +395,14 @@ def _rate(value: float | None) -> str:
     return f"{value:,.0f}" if value >= 100 else f"{value:.2g}"
 
 
-def _round_line(config: Config, r: int, rows: pd.DataFrame, record: dict) -> str:
-    if len(rows) == 1:
-        row = rows.iloc[0]
-        stats = (f"mean {row['mean']:.2f}  target {row['target']:.2f}  "
-                 f"winning {row['winning_guess']:.2f}")
-    else:
-        stats = (f"mean {record['mean'] or float('nan'):.2f}  "
-                 f"target (avg over {len(rows)} groups) {rows['target'].mean():.2f}")
+def _round_line(config: Config, game: Game, r: int, rows: pd.DataFrame, record: dict) -> str:
+    stats = game.round_text(rows, record)
     invalid = record["n"] - record["n_valid"]
     line = (
         f"round {r + 1}/{config.game.rounds}: {stats}  invalid {invalid} "
         f"(unparsed {record['n_unparsed']}, out_of_range {record['n_out_of_range']}, "
         f"error {record['n_error']})  {record['elapsed_s']:.1f}s  "
-        f"{_rate(record['agents_per_s'])} agents/s  (equilibrium {equilibrium(config.game):g})"
+        f"{_rate(record['agents_per_s'])} agents/s  ({game.reference_text(r)})"
     )
     if config.agents.backend != "scripted" and record["distinct_prompts"]:
         line += (f"\n  {record['distinct_prompts']:,} distinct prompts, sharing factor "

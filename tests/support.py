@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 from simpipe.config import Config, config_from_dict
@@ -48,3 +50,18 @@ def small_config(tmp_path: Path, **sections: dict) -> Config:
     for name, values in sections.items():
         raw.setdefault(name, {}).update(values)
     return config_from_dict(raw)
+
+
+def cancel_after_first_round(run_dir: Path) -> threading.Thread:
+    """A thread that asks the run in ``run_dir`` to stop (its CANCEL file) as soon as its
+    run.json records round 1 as done."""
+    ledger, flag = run_dir / "run.json", run_dir / "CANCEL"
+
+    def watch() -> None:
+        while not (ledger.exists() and '"0"' in ledger.read_text()):
+            time.sleep(0.01)
+        flag.touch()
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread

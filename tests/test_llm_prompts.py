@@ -8,8 +8,9 @@ import pandas as pd
 import pytest
 
 from simpipe.agents.base import Turn
-from simpipe.agents.llm import _prompt_key, distinct_prompts, histories, prompting
-from simpipe.games.config import GameConfig
+from simpipe.agents.llm import _prompt_key, distinct_prompts, prompting
+from simpipe.games.config import BeautyContestConfig as GameConfig
+from simpipe.games.registry import game_for
 from simpipe.games.prompts import PromptBuilder
 
 GAME = GameConfig(rounds=4)
@@ -35,7 +36,7 @@ def test_each_agent_gets_the_prompt_it_would_get_alone(style, round_index, perso
     builder, _ = prompting(GAME, style)
     alone = builder.render_many(
         agents["persona"].tolist() if personas else [None] * len(agents),
-        histories(turn.past_guesses, turn.past_winning), round_index)
+        game_for(GAME).histories(turn.past_answers, turn.past_feedback), round_index)
     assert [prompts[c] for c in codes.tolist()] == alone
     # numbered in order of first appearance, one number per distinct text
     expected_codes, expected = pd.factorize(pd.Series([_prompt_key(p) for p in alone],
@@ -62,7 +63,7 @@ def test_round_one_without_personas_is_one_prompt_rendered_once(renders):
 
 def test_later_rounds_render_each_distinct_history_once(renders):
     agents, turn = partition(5000, 2, personas=True)
-    turn.past_guesses[turn.past_guesses == 0] = 0.0  # no -0.0: each key renders its own text
+    turn.past_answers[turn.past_answers == 0] = 0.0  # no -0.0: each key renders its own text
     codes, prompts = distinct_prompts(agents, turn, "completion")
     assert len(renders) == len(prompts) <= 4 * 12**2  # personas x (guesses x winning)^rounds
 

@@ -12,29 +12,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from simpipe.games.config import GameConfig
+from simpipe.games.base import Game
+from simpipe.games.base import Turn as Turn  # what a partition's agents know; games read it
+from simpipe.games.partials import STATUSES
 
 DECISION_COLUMNS = ("guess", "status", "raw", "raw_truncated", "tokens_in", "tokens_out",
                     "latency_s", "error", "shared")
-
-
-@dataclass(frozen=True)
-class Turn:
-    """What a partition's agents know when they decide."""
-
-    game: GameConfig
-    seed: int
-    round_index: int
-    partition: int
-    # (agents, rounds so far): the winning number announced to each agent's group
-    past_winning: np.ndarray
-    # (agents, rounds so far): each agent's own earlier guesses, NaN where invalid;
-    # None when the policy does not ask for them (reading them costs a file per round)
-    past_guesses: np.ndarray | None = None
-
-    def rng(self, stream: int) -> np.random.Generator:
-        """A generator that depends only on (seed, stream, round, partition)."""
-        return np.random.default_rng([self.seed, stream, self.round_index, self.partition])
 
 
 @dataclass
@@ -57,8 +40,10 @@ class Decisions:
 
 
 class AgentPolicy(abc.ABC):
-    #: Whether ``Turn.past_guesses`` must be filled in (LLM agents remember their answers).
-    needs_own_history: bool = False
+    def needs_own_answers(self, game: Game) -> bool:
+        """Whether ``Turn.past_answers`` must be filled in for ``game`` (reading them costs
+        a file per earlier round)."""
+        return False
 
     @abc.abstractmethod
     def decide(self, agents: pd.DataFrame, turn: Turn) -> Decisions:
@@ -101,7 +86,7 @@ def decisions_frame(
     return pd.DataFrame(
         {
             "guess": np.asarray(guess, dtype=np.float64),
-            "status": pd.Categorical(status, categories=("ok", "unparsed", "out_of_range", "error")),
+            "status": pd.Categorical(status, categories=STATUSES),
             "raw": np.asarray(raw, dtype=object) if raw is not None else none,
             "raw_truncated": np.zeros(n, bool) if raw_truncated is None else raw_truncated,
             "tokens_in": np.zeros(n, np.int32) if tokens_in is None else tokens_in.astype(np.int32),

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 
 from typing import TYPE_CHECKING
 
@@ -32,10 +31,10 @@ from simpipe.agents.shared_answers import (
     split_evenly,
 )
 from simpipe.aio import run_async
-from simpipe.games.answer_format import number_grammar, number_json_schema, number_regex
-from simpipe.games.config import GameConfig
-from simpipe.games.parsing import parse_many
-from simpipe.games.prompts import HistoryItem, PromptBuilder
+from simpipe.games.base import Game
+from simpipe.games.config import AnyGameConfig
+from simpipe.games.prompts import PromptBuilder
+from simpipe.games.registry import game_for
 from simpipe.inference.base import AnswerColumns, Backend, GenerationRequest, OutputConstraint
 from simpipe.inference.llamacpp_sampler import ChainSettings
 from simpipe.inference.settings import SamplingSettings
@@ -58,34 +57,13 @@ def agent_seeds(seed: int, round_index: int, agent_ids: np.ndarray) -> np.ndarra
     return (x >> np.uint64(33)).astype(np.int64)
 
 
-def histories(past_guesses: np.ndarray | None, past_winning: np.ndarray) -> list[list[HistoryItem]] | None:
-    """Each agent's own earlier answers beside the winning numbers it was told."""
-    if past_guesses is None or past_winning.shape[1] == 0:
-        return None
-    out = []
-    for guesses, winning in zip(past_guesses.tolist(), past_winning.tolist(), strict=True):
-        out.append([
-            HistoryItem(r, None if math.isnan(g) else g, None if math.isnan(w) else w)
-            for r, (g, w) in enumerate(zip(guesses, winning))
-        ])
-    return out
-
-
 @functools.lru_cache(maxsize=64)
-def _prompting(game_json: str, style: str) -> tuple[PromptBuilder, OutputConstraint]:
-    game = GameConfig.model_validate_json(game_json)
-    cot = game.prompt == "cot"
-    constraint = OutputConstraint(
-        gbnf=number_grammar(game.low, game.high, cot),
-        regex=number_regex(game.low, game.high, cot),
-        json_schema=None if cot else number_json_schema(game.low, game.high),
-    )
-    return PromptBuilder(game, style), constraint
-
-
-def prompting(game: GameConfig, style: str) -> tuple[PromptBuilder, OutputConstraint]:
+def prompting(game: AnyGameConfig, style: str) -> tuple[PromptBuilder, OutputConstraint]:
     """The prompt builder and answer constraint of a game (built once per process)."""
-    return _prompting(game.model_dump_json(), style)
+    answer = game_for(game).answer()
+    constraint = OutputConstraint(gbnf=answer.grammar(), regex=answer.regex(),
+                                  json_schema=answer.json_schema())
+    return PromptBuilder(game, style), constraint
 
 
 def render_prompts(agents: pd.DataFrame, turn: Turn, style: str) -> list:
@@ -98,9 +76,9 @@ def distinct_prompts(agents: pd.DataFrame, turn: Turn, style: str) -> tuple[np.n
     """``(codes, prompts)``: agent ``i``'s prompt is ``prompts[codes[i]]``; each distinct
     prompt is rendered once, numbered in order of first appearance.
 
-    Agents with the same persona and the same history (own answers, winning numbers) get
-    the same prompt: in round 1 without personas that is every agent, and later rounds
-    repeat a lot, so rendering per agent would mostly redo the same text.
+    Agents with the same persona and the same history (own answers, what their group was
+    told) get the same prompt: in round 1 without personas that is every agent, and later
+    rounds repeat a lot, so rendering per agent would mostly redo the same text.
     """
     builder, _ = prompting(turn.game, style)
     n = len(agents)
@@ -108,15 +86,16 @@ def distinct_prompts(agents: pd.DataFrame, turn: Turn, style: str) -> tuple[np.n
     key = np.zeros((n, 1))
     if personas is not None:
         key[:, 0] = pd.factorize(personas, use_na_sentinel=False)[0]
-    past = turn.past_guesses is not None and turn.past_winning.shape[1] > 0
+    past = turn.past_answers is not None and turn.past_feedback.shape[1] > 0
     if past:
         # One NaN bit pattern: invalid answers and unannounced rounds compare equal.
-        history = np.column_stack([turn.past_guesses, turn.past_winning]).astype(np.float64)
+        history = np.column_stack([turn.past_answers, turn.past_feedback]).astype(np.float64)
         key = np.column_stack([key, np.where(np.isnan(history), np.nan, history)])
     codes, first = _row_codes(key)
     rendered = builder.render_many(
         [None] * first.size if personas is None else personas[first].tolist(),
-        histories(turn.past_guesses[first], turn.past_winning[first]) if past else None,
+        (game_for(turn.game).histories(turn.past_answers[first], turn.past_feedback[first])
+         if past else None),
         turn.round_index,
     )
     # Two keys can still render alike (-0.0 and 0.0 both read "0"): number the texts.
@@ -138,7 +117,7 @@ def _row_codes(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return rank[inverse.ravel()], first[order]
 
 
-def requests_for(prompts: list, seeds: np.ndarray, game: GameConfig,
+def requests_for(prompts: list, seeds: np.ndarray, game: AnyGameConfig,
                  sampling: SamplingSettings) -> list[GenerationRequest]:
     """One request per prompt, with its seed, the sampling settings and the answer
     constraint."""
@@ -173,14 +152,15 @@ class LLMAgents(AgentPolicy):
     """Agents answered by an LLM back-end: from one shared answer distribution per distinct
     prompt where that is possible (``simpipe.agents.shared_answers``), else one call each."""
 
-    needs_own_history = True
-
     def __init__(self, backend: Backend, agents: AgentsConfig) -> None:
         self.backend = backend
         self.sampling = agents
         self.shared = SharedAnswers(backend) if backend.supports_answer_distributions else None
 
-    def sharing_refusal(self, game: GameConfig) -> str | None:
+    def needs_own_answers(self, game: Game) -> bool:
+        return True  # each prompt shows the agent its own earlier answers
+
+    def sharing_refusal(self, game: AnyGameConfig) -> str | None:
         """Why this partition's agents get one call each; None when they share answers."""
         return sharing_refusal(self.sampling.share_answers, game, self.sampling.backend,
                                self.backend.supports_answer_distributions,
@@ -209,7 +189,7 @@ class LLMAgents(AgentPolicy):
                 distinct, codes[todo], seeds[todo],
                 reproducible=sharing or self.sampling.reproducible)))
             stats.model_calls += int(todo.size)
-        guesses, statuses = parse_many(out.texts, game.low, game.high, game.prompt == "cot")
+        guesses, statuses = game_for(game).answer().parse_many(out.texts)
         statuses[out.failed] = "error"
         guesses[out.failed] = np.nan
         stats.shared_agents = int(out.shared.sum())
@@ -220,16 +200,17 @@ class LLMAgents(AgentPolicy):
         return Decisions(frame, stats)
 
     def _draw_shared(self, out: _Answers, codes: np.ndarray, uniques: list[str],
-                     seeds: np.ndarray, game: GameConfig, stats: DecisionStats) -> None:
+                     seeds: np.ndarray, game: AnyGameConfig, stats: DecisionStats) -> None:
         s = self.sampling
         settings = ChainSettings(s.temperature, s.top_p, s.top_k, s.min_p)
+        answer = game_for(game).answer()
         order = np.argsort(codes, kind="stable")
         bounds = np.concatenate([[0], np.cumsum(np.bincount(codes, minlength=len(uniques)))])
         for k, prompt in enumerate(uniques):
             members = order[bounds[k]:bounds[k + 1]]
             if members.size < s.share_min_agents:
                 continue  # cheaper as calls of their own
-            found = self.shared.lookup(prompt, settings, s.max_tokens, (game.low, game.high),
+            found = self.shared.lookup(prompt, settings, s.max_tokens, answer.bounds,
                                        s.share_max_unseen)
             stats.model_calls += found.calls
             if found.computed:

@@ -1,4 +1,4 @@
-"""``backend = "scripted"``: cognitive-hierarchy agents, no LLM, optional simulated I/O wait."""
+"""``backend = "scripted"``: the game's rule-based agents, no LLM, optional simulated I/O wait."""
 
 from __future__ import annotations
 
@@ -9,34 +9,28 @@ import pandas as pd
 
 from simpipe.agents.base import AgentPolicy, Decisions, Turn, decisions_frame
 from simpipe.aio import CoalescedClock, gc_paused, run_async
-from simpipe.games.level_k import HierarchyParams, hierarchy_guesses
-
-_STREAM = 0x5C1
+from simpipe.games.base import Game, ScriptedSettings
+from simpipe.games.registry import game_for
 
 
 class ScriptedAgents(AgentPolicy):
     def __init__(self, tau: float, noise: float, latency_s: float,
                  depth_shift: dict[str, dict[str, float]]) -> None:
-        self.params = HierarchyParams(tau=tau, noise=noise)
+        # The beauty contest's cognitive hierarchy reads these; other games ignore them.
+        self.settings = ScriptedSettings(tau=tau, noise=noise, depth_shift=depth_shift)
         self.latency_s = latency_s
-        self.depth_shift = depth_shift
+
+    def needs_own_answers(self, game: Game) -> bool:
+        return game.scripted_needs_own_answers
 
     def decide(self, agents: pd.DataFrame, turn: Turn) -> Decisions:
         n = len(agents)
-        depth_mean = np.full(n, self.params.tau)
-        for attr, shifts in self.depth_shift.items():
-            values = agents[attr].astype(object)
-            depth_mean += values.map(shifts).fillna(0.0).to_numpy(dtype=np.float64)
-        anchor = turn.past_winning[:, -1] if turn.round_index > 0 else None
-        # Two decimals, as a person (or the LLM answer grammar) would write them; it also keeps
-        # the per-partition value counts that the reduce receives small.
-        guesses = hierarchy_guesses(turn.game, self.params, depth_mean, anchor, turn.rng(_STREAM))
-        guesses = np.round(guesses, 2)
+        answers = game_for(turn.game).scripted_answers(agents, turn, self.settings)
         latency = None
         if self.latency_s > 0:
             with gc_paused():
                 latency = run_async(_wait_each(n, self.latency_s))
-        return Decisions(decisions_frame(guesses, np.full(n, "ok"), latency_s=latency))
+        return Decisions(decisions_frame(answers, np.full(n, "ok"), latency_s=latency))
 
 
 async def _wait_each(n: int, delay: float) -> np.ndarray:

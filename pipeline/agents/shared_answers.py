@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from simpipe.games.answer_format import IntegerAnswers
-from simpipe.games.config import GameConfig
+from simpipe.games.config import AnyGameConfig
 from simpipe.inference.answer_distribution import (
     AnswerDistribution,
     ProbeError,
@@ -41,7 +41,7 @@ _BACKEND_LIMITS = {
 _DRAW_STREAM = np.uint64(0xD1B54A32D192ED03)
 
 
-def sharing_refusal(share_answers: str, game: GameConfig, backend_name: str,
+def sharing_refusal(share_answers: str, game: AnyGameConfig, backend_name: str,
                     backend_can: bool, prompt_style: str) -> str | None:
     """Why agents cannot draw from shared answer distributions; None when they can."""
     if share_answers == "off":

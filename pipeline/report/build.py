@@ -11,7 +11,6 @@ import pandas as pd
 from simpipe.report import figures as fig
 from simpipe.report import tables as tab
 from simpipe.report.load import ReportInputError, RunData, load_runs, slug
-from simpipe.report.reference import load_references
 
 FLOAT2 = "{:.2f}"
 NOT_SHOWN = "not shown to the agents"
@@ -20,9 +19,12 @@ FORMATS: dict[str, str] = {
     "tokens_in": "{:,}", "tokens_out": "{:,}", "valid_share": "{:.1%}", "wall_s": "{:.1f}",
     "rounds": "{:d}", "round": "{:d}", "offset": "{:g}", "equilibrium": "{:g}",
     "rounds_to_within_1": "{:.0f}", "paper_value": FLOAT2, "run_value": FLOAT2,
+    "endowment": "{:,}", "mpcr": "{:g}", "group_size": "{:d}", "period": "{:d}",
     **{c: FLOAT2 for c in ("mean", "median", "sd", "target", "winning_guess", "ci_low", "ci_high",
                             "first_mean", "first_median", "last_mean", "run_mean", "run_median",
-                            "human_mean", "human_median")},
+                            "human_mean", "human_median", "mean_contribution", "mean_payoff")},
+    **{c: "{:.1f}" for c in ("contribution_pct", "first_pct", "last_pct", "run_pct",
+                             "human_pct")},
 }
 
 
@@ -78,35 +80,32 @@ def build_report(run_dirs: Sequence[str | Path], out: str | Path | None = None,
     out_dir = Path(out) if out is not None else default_out(runs)
     (out_dir / "tables").mkdir(parents=True, exist_ok=True)
     (out_dir / "figures").mkdir(parents=True, exist_ok=True)
-    refs = load_references()
     notes: list[str] = []
+    game = runs[0].game  # load_runs: every run plays the same game
+    game_notes = game.report_notes()
 
     round_tables = [tab.round_table(run) for run in runs]
-    human, human_notes = tab.human_table(runs, round_tables, refs)
-    paper, paper_notes = tab.paper_table(runs, round_tables, refs)
     sections = [
         TableSection("runs", "Per run", tab.run_table(runs, round_tables),
-                     notes=["rounds_to_within_1: rounds played until the mean guess is within 1 "
-                            "of the equilibrium (1 = already in the first round)."]),
+                     notes=game_notes.get("runs", [])),
         TableSection("rounds", "Per round", pd.concat(round_tables, ignore_index=True),
-                     notes=["Statistics of valid guesses, pooled over groups; target and "
-                            "winning_guess as announced (averaged over groups when there are "
-                            "several). Rounds are numbered from 0, as in the Parquet files."]),
-        TableSection("human_reference", "First round beside human subjects", human,
-                     notes=human_notes, citation=refs.human_citation),
-        TableSection("paper_reference", "Beside the paper's LLM agents", paper,
-                     notes=paper_notes, citation=refs.llm_citation),
+                     notes=game_notes.get("rounds", [])),
     ]
+    for ref in tab.reference_tables(runs, round_tables):
+        sections.append(TableSection(
+            ref.key, ref.title, pd.DataFrame.from_records(ref.records, columns=ref.columns),
+            notes=ref.notes, citation=ref.citation))
     figures: list[FigureItem] = []
-    for run, rounds in zip(runs, round_tables):
+    for run, rounds in zip(runs, round_tables, strict=True):
         stem = slug(run.label)
+        chart = run.game.round_chart()
         figures.append(FigureItem(
             fig.guesses_figure(run, out_dir / "figures" / f"{stem}-guesses.png"),
-            f"{run.label}: distribution of guesses per round", run=run.label))
+            f"{run.label}: distribution of {run.game.answer_plural} per round", run=run.label))
+        levels = "".join(f"; {name} {value:g}" for name, value in chart.levels)
         figures.append(FigureItem(
             fig.convergence_figure(run, rounds, out_dir / "figures" / f"{stem}-convergence.png"),
-            f"{run.label}: mean, target and winning guess per round; equilibrium "
-            f"{run.equilibrium:g}", run=run.label))
+            f"{run.label}: {chart.title}{levels}", run=run.label))
 
     for attribute in attributes:
         with_attr = [run for run in runs if attribute in run.columns]
@@ -118,10 +117,10 @@ def build_report(run_dirs: Sequence[str | Path], out: str | Path | None = None,
         reach = {run.label: run.reaches_agents(attribute) for run in with_attr}
         table.insert(1, "reaches_agents", table["run"].map(
             {label: how or NOT_SHOWN for label, how in reach.items()}))
-        attribute_notes = ["n valid guesses per level and round; 95% Student-t confidence "
-                           "interval of the mean."]
+        attribute_notes = [f"n valid {game.answer_plural} per level and round; 95% Student-t "
+                           "confidence interval of the mean."]
         hidden = [label for label, how in reach.items() if how is None]
-        title = f"Mean guess by {attribute}"
+        title = f"Mean {game.answer_name} by {attribute}"
         if hidden:
             if len(hidden) == len(reach):
                 title += f" ({NOT_SHOWN})"
@@ -135,26 +134,29 @@ def build_report(run_dirs: Sequence[str | Path], out: str | Path | None = None,
             name = f"{slug(run.label)}-by-{slug(attribute)}.png"
             figures.append(FigureItem(
                 fig.attribute_figure(table[table["run"] == run.label], "round",
-                                     f"{run.label}: mean guess by {attribute}",
-                                     out_dir / "figures" / name),
-                f"{run.label}: mean guess by {attribute} per round, 95% CI",
+                                     f"{run.label}: mean {game.answer_name} by {attribute}",
+                                     game.answer_name, out_dir / "figures" / name),
+                f"{run.label}: mean {game.answer_name} by {attribute} per round, 95% CI",
                 run=run.label, attribute=attribute))
         if len(with_attr) > 1:
             first = table[table["round"] == table.groupby("run")["round"].transform("min")]
             figures.append(FigureItem(
-                fig.attribute_figure(first, "run", f"first round: mean guess by {attribute}",
+                fig.attribute_figure(first, "run",
+                                     f"first round: mean {game.answer_name} by {attribute}",
+                                     game.answer_name,
                                      out_dir / "figures" / f"compare-by-{slug(attribute)}.png"),
-                f"all runs: first-round mean guess by {attribute}, 95% CI", attribute=attribute))
+                f"all runs: first-round mean {game.answer_name} by {attribute}, 95% CI",
+                attribute=attribute))
     if not attributes:
         notes.append("no persona attributes in the population: no per-attribute tables")
 
     if len(runs) > 1:
         figures.append(FigureItem(fig.compare_convergence_figure(
             runs, round_tables, out_dir / "figures" / "compare-convergence.png"),
-            "all runs: mean (solid) and target (dashed) per round; dotted: each run's equilibrium"))
+            f"all runs: {fig.compare_caption(game.round_chart())}"))
         figures.append(FigureItem(fig.compare_guesses_figure(
             runs, out_dir / "figures" / "compare-guesses.png"),
-            "all runs side by side: share of valid guesses per round"))
+            f"all runs side by side: share of valid {game.answer_plural} per round"))
 
     for section in sections:
         section.frame.to_csv(out_dir / "tables" / f"{section.key}.csv", index=False)

@@ -12,7 +12,7 @@ import click
               help="Output folder [default: RUN_DIR/report for one run, "
                    "<parent of the first run>/report-compare for several].")
 @click.option("--by", "by", multiple=True, metavar="ATTR",
-              help="Persona attribute to break the mean guess down by (repeatable) "
+              help="Persona attribute to break the mean answer down by (repeatable) "
                    "[default: every attribute of the population].")
 @click.option("--quiet", "-q", is_flag=True, help="Do not print the tables.")
 def report_command(run_dirs: tuple[str, ...], out: str | None, by: tuple[str, ...],

@@ -1,8 +1,9 @@
-"""The report's PNG figures.
+"""The report's PNG figures, drawn from what each run's game says about itself (its answer
+range, its equilibrium, ``Game.round_chart``, ``Game.round_mark``).
 
 Figures are built with ``matplotlib.figure.Figure`` directly (the Agg canvas), never through
 pyplot, so nothing global (backend, interactive state, open-figure registry) is touched.
-Distributions are binned with numpy first: a million guesses become fifty bars.
+Distributions are binned with numpy first: a million answers become fifty bars.
 """
 
 from __future__ import annotations
@@ -14,57 +15,64 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from simpipe.games.base import RoundChart
 from simpipe.report.load import RunData
 
 N_BINS = 50
 DPI = 110
 MAX_COLUMNS = 5
-
-
+MARKERS = ("o", "s", "^", "D")
+LINES = ("-", "-", "--", "-.")
 def guesses_figure(run: RunData, path: Path) -> Path:
-    """Histogram of valid guesses, one panel per round, with mean, target and equilibrium."""
+    """Histogram of valid answers, one panel per round, with the equilibrium and the round's
+    own mark (the beauty contest: the target)."""
+    game = run.game
     round_ids = run.round_indices
     n_cols = min(len(round_ids), MAX_COLUMNS)
     n_rows = -(-len(round_ids) // n_cols)
     fig = Figure(figsize=(3.2 * n_cols, 2.6 * n_rows + 0.6), dpi=DPI, layout="constrained")
     axes = np.atleast_1d(fig.subplots(n_rows, n_cols, sharex=True, squeeze=False)).ravel()
-    edges = np.linspace(run.game.low, run.game.high, N_BINS + 1)
-    targets = run.summary.groupby("round")["target"].mean()
-    for ax, (r, counts) in zip(axes, _histograms(run, edges)):
+    edges = game.answer().bin_edges(N_BINS)
+    pooled = game.summary_by_round(run.summary)
+    for ax, (r, counts) in zip(axes, _histograms(run, edges), strict=False):
         ax.stairs(counts, edges, fill=True, color="#4c72b0", alpha=0.8)
-        ax.axvline(run.equilibrium, color="black", linestyle=":", label="equilibrium")
-        if r in targets.index:
-            ax.axvline(targets[r], color="#c44e52", label="target")
+        ax.axvline(game.equilibrium(), color="black", linestyle=":",
+                   label=game.equilibrium_name)
+        mark = game.round_mark(pooled.loc[r].to_dict()) if r in pooled.index else None
+        if mark is not None:
+            ax.axvline(mark[1], color="#c44e52", label=mark[0])
         ax.set_title(f"round {r}", fontsize=10)
-        ax.set_xlabel("guess")
+        ax.set_xlabel(game.answer_name)
     for ax in axes[len(round_ids):]:
         ax.set_visible(False)
     axes[0].set_ylabel("agents")
     axes[0].legend(fontsize=8)
-    fig.suptitle(f"{run.label}: distribution of guesses")
+    fig.suptitle(f"{run.label}: distribution of {game.answer_plural}")
     return _save(fig, path)
 
 
 def convergence_figure(run: RunData, rounds: pd.DataFrame, path: Path) -> Path:
-    """Mean guess, target and winning guess per round against the equilibrium."""
+    """The game's per-round series (``Game.round_chart``) against its reference levels and
+    the human data, where there is any."""
+    chart = run.game.round_chart()
     fig = Figure(figsize=(6.4, 4.0), dpi=DPI, layout="constrained")
     ax = fig.subplots()
-    ax.plot(rounds["round"], rounds["mean"], marker="o", label="mean guess")
-    ax.plot(rounds["round"], rounds["target"], marker="s", label="target")
-    ax.plot(rounds["round"], rounds["winning_guess"], marker="^", linestyle="--",
-            label="winning guess")
-    ax.axhline(run.equilibrium, color="black", linestyle=":",
-               label=f"equilibrium {run.equilibrium:g}")
+    for (column, label), marker, line in zip(chart.series, MARKERS, LINES, strict=False):
+        ax.plot(rounds["round"], rounds[column], marker=marker, linestyle=line, label=label)
+    for name, value in chart.levels:
+        ax.axhline(value, color="black", linestyle=":", label=f"{name} {value:g}")
+    _reference(ax, chart, rounds["round"])
     _round_axis(ax, rounds["round"])
-    ax.set_ylim(run.game.low, run.game.high)
-    ax.set_ylabel("number")
-    ax.set_title(f"{run.label}: mean and winning number per round")
+    ax.set_ylim(*chart.y_range)
+    ax.set_ylabel(chart.y_label)
+    ax.set_title(f"{run.label}: {chart.title}")
     ax.legend(fontsize=8)
     return _save(fig, path)
 
 
-def attribute_figure(table: pd.DataFrame, series: str, title: str, path: Path) -> Path:
-    """Mean guess per level with 95% CIs; one dodged series per value of `series`."""
+def attribute_figure(table: pd.DataFrame, series: str, title: str, answer_name: str,
+                     path: Path) -> Path:
+    """Mean answer per level with 95% CIs; one dodged series per value of `series`."""
     levels = list(dict.fromkeys(table["level"]))
     groups = list(dict.fromkeys(table[series]))
     width = 0.8 / max(len(groups), 1)
@@ -79,7 +87,7 @@ def attribute_figure(table: pd.DataFrame, series: str, title: str, path: Path) -
                     label=f"{series} {group}" if series == "round" else str(group))
     crowded = len(levels) > 4
     ax.set_xticks(x, levels, rotation=20 if crowded else 0, ha="right" if crowded else "center")
-    ax.set_ylabel("mean guess (95% CI)")
+    ax.set_ylabel(f"mean {answer_name} (95% CI)")
     ax.set_title(title)
     ax.legend(fontsize=8)
     return _save(fig, path)
@@ -89,35 +97,67 @@ def compare_guesses_figure(runs: Sequence[RunData], path: Path) -> Path:
     """Each run's distributions side by side, every round as an outline."""
     fig = Figure(figsize=(3.6 * len(runs), 3.2), dpi=DPI, layout="constrained")
     axes = np.atleast_1d(fig.subplots(1, len(runs), sharey=True, squeeze=False)).ravel()
-    for ax, run in zip(axes, runs):
-        edges = np.linspace(run.game.low, run.game.high, N_BINS + 1)
+    for ax, run in zip(axes, runs, strict=True):
+        edges = run.game.answer().bin_edges(N_BINS)
         for r, counts in _histograms(run, edges):
             share = counts / max(counts.sum(), 1)
             ax.stairs(share, edges, label=f"round {r}")
-        ax.axvline(run.equilibrium, color="black", linestyle=":")
-        ax.set_title(f"{run.label}\nratio {run.game.ratio}, {run.game.prompt}", fontsize=9)
-        ax.set_xlabel("guess")
-    axes[0].set_ylabel("share of valid guesses")
+        ax.axvline(run.game.equilibrium(), color="black", linestyle=":")
+        ax.set_title(f"{run.label}\n{run.game.variant()}", fontsize=9)
+        ax.set_xlabel(run.game.answer_name)
+    axes[0].set_ylabel(f"share of valid {runs[0].game.answer_plural}")
     axes[0].legend(fontsize=7)
-    fig.suptitle("distribution of guesses per round")
+    fig.suptitle(f"distribution of {runs[0].game.answer_plural} per round")
     return _save(fig, path)
+
+
+def compare_caption(chart: RoundChart) -> str:
+    """What ``compare_convergence_figure`` draws, in words."""
+    lines = [f"{chart.series[0][1]} (solid)"]
+    if len(chart.series) > 1:
+        lines.append(f"{chart.series[1][1]} (dashed)")
+    text = " and ".join(lines) + " per round"
+    if chart.levels:
+        text += f"; dotted: each run's {chart.levels[0][0]}"
+    return text
 
 
 def compare_convergence_figure(runs: Sequence[RunData], rounds: Sequence[pd.DataFrame],
                                path: Path) -> Path:
-    """Mean guess per round for every run on one axis, each with its equilibrium."""
+    """The first (solid) and second (dashed) series of every run on one axis, each run's
+    first reference level dotted, the human data (if any) in grey."""
+    chart = runs[0].game.round_chart()
     fig = Figure(figsize=(6.8, 4.2), dpi=DPI, layout="constrained")
     ax = fig.subplots()
-    for run, table in zip(runs, rounds):
-        (line,) = ax.plot(table["round"], table["mean"], marker="o", label=f"{run.label} mean")
-        ax.plot(table["round"], table["target"], marker="s", linestyle="--",
-                color=line.get_color(), alpha=0.6, label=f"{run.label} target")
-        ax.axhline(run.equilibrium, color=line.get_color(), linestyle=":", alpha=0.8)
-    _round_axis(ax, pd.concat([t["round"] for t in rounds]))
-    ax.set_ylabel("number (dotted: equilibrium)")
-    ax.set_title("mean and winning number per round")
+    for run, table in zip(runs, rounds, strict=True):
+        series = run.game.round_chart().series
+        column, label = series[0]
+        (line,) = ax.plot(table["round"], table[column], marker="o", label=f"{run.label} {label}")
+        if len(series) > 1:
+            column, label = series[1]
+            ax.plot(table["round"], table[column], marker="s", linestyle="--",
+                    color=line.get_color(), alpha=0.6, label=f"{run.label} {label}")
+        for _, value in run.game.round_chart().levels[:1]:
+            ax.axhline(value, color=line.get_color(), linestyle=":", alpha=0.8)
+    all_rounds = pd.concat([t["round"] for t in rounds])
+    _reference(ax, chart, all_rounds)
+    _round_axis(ax, all_rounds)
+    ax.set_ylabel(f"{chart.y_label} (dotted: {chart.levels[0][0]})" if chart.levels
+                  else chart.y_label)
+    ax.set_title(chart.title)
     ax.legend(fontsize=8)
     return _save(fig, path)
+
+
+def _reference(ax, chart: RoundChart, rounds: pd.Series) -> None:
+    """The human data per round, on the rounds played that it covers."""
+    if chart.reference is None:
+        return
+    label, values = chart.reference
+    played = sorted(int(r) for r in set(rounds) if 0 <= int(r) < len(values))
+    if played:
+        ax.plot(played, [values[r] for r in played], color="grey", linestyle="--",
+                marker="x", label=label)
 
 
 def _histograms(run: RunData, edges: np.ndarray):

@@ -11,18 +11,19 @@ import pandas as pd
 import pyarrow.parquet as pq
 
 from simpipe.errors import SimpipeError
-from simpipe.games.beauty_contest import equilibrium
-from simpipe.games.config import GameConfig
+from simpipe.games.base import Game, ScriptedSettings
 from simpipe.integrity import (
     RESUME_REPAIRS,
     CorruptFile,
     check_part,
     expected_bounds,
+    read_summary,
     round_problems,
+    run_game,
 )
 from simpipe.layout import RunPaths
 from simpipe.personas.config import PopulationConfig
-from simpipe.results import read_ledger, read_rounds, read_summary
+from simpipe.results import read_ledger, read_rounds
 
 # The columns the report needs: never `raw` or `error`, which dominate the bytes on disk.
 ROUND_COLUMNS = ["agent_id", "round", "guess", "status", "tokens_in", "tokens_out"]
@@ -39,8 +40,7 @@ class RunData:
     run_dir: Path
     label: str
     ledger: dict
-    game: GameConfig
-    equilibrium: float
+    game: Game
     summary: pd.DataFrame  # summary.parquet, completed rounds only
     rounds: pd.DataFrame  # ROUND_COLUMNS, completed rounds only
     population: pd.DataFrame  # agent_id + attribute columns (no persona text)
@@ -73,8 +73,9 @@ class RunData:
             return None
         agents = config.get("agents") or {}
         if agents.get("backend", "scripted") == "scripted":
-            shifts = (agents.get("scripted") or {}).get("depth_shift") or {}
-            return "rules" if attribute in shifts else None
+            scripted = ScriptedSettings.from_table(agents.get("scripted") or {})
+            rules = self.game.scripted_attributes(scripted)
+            return "rules" if attribute in rules else None
         return "prompt" if attribute in population.attributes_in_prompt else None
 
     def attribute_order(self, attribute: str) -> list[str]:
@@ -101,12 +102,12 @@ def load_run(run_dir: str | Path, label: str | None = None) -> RunData:
     if not paths.summary.is_file() or not paths.rounds.is_dir():
         raise ReportInputError(f"{run_dir}: no completed round yet ({EXPECTED})")
     try:
-        game = GameConfig(**ledger["config"]["game"])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ReportInputError(f"{paths.ledger}: no usable config.game ({exc})") from exc
+        game = run_game(ledger, paths.ledger)
+    except CorruptFile as exc:
+        raise ReportInputError(f"{exc}; restore it from a copy") from None
 
     try:
-        summary = read_summary(path)
+        summary = read_summary(paths.summary, game.summary_columns)
         done = sorted(int(r) for r in summary["round"].unique())
         _check_parts(paths, ledger, done)
     except CorruptFile as exc:
@@ -116,7 +117,7 @@ def load_run(run_dir: str | Path, label: str | None = None) -> RunData:
     rounds = rounds[rounds["round"].isin(done)].reset_index(drop=True)
     return RunData(
         run_dir=path, label=label or str(ledger.get("name") or path.name), ledger=ledger,
-        game=game, equilibrium=equilibrium(game), summary=summary, rounds=rounds,
+        game=game, summary=summary, rounds=rounds,
         population=_read_population(paths.population),
     )
 
@@ -138,6 +139,12 @@ def load_runs(run_dirs: Sequence[str | Path]) -> list[RunData]:
     if not run_dirs:
         raise ReportInputError("no run directory given")
     runs = [load_run(d) for d in run_dirs]
+    kinds = {run.game.kind for run in runs}
+    if len(kinds) > 1:
+        games = ", ".join(f"{d} is {run.game.kind}" for d, run in zip(run_dirs, runs,
+                                                                        strict=True))
+        raise ReportInputError(f"runs of different games cannot share a report ({games}); "
+                               "report each game's runs separately")
     _dedupe_labels(runs)
     return runs
 

@@ -1,4 +1,9 @@
-"""The report's tables, computed from the Parquet files (pooled over groups)."""
+"""The report's tables, computed from the Parquet files (pooled over groups).
+
+The game's own statistics, columns and comparisons come from its ``Game`` object
+(``report_rounds``, ``report_run``, ``report_references``); this module adds what every run
+has (back-end, agents, tokens, wall time) and the breakdown by persona attribute.
+"""
 
 from __future__ import annotations
 
@@ -9,42 +14,21 @@ import numpy as np
 import pandas as pd
 from scipy.special import stdtrit  # the t quantile, without importing all of scipy.stats
 
+from simpipe.games.base import Game, ReferenceTable, ScriptedSettings
 from simpipe.report.load import RunData
-from simpipe.report.reference import References
 
 CONFIDENCE = 0.95
-WITHIN = 1.0  # "rounds to get within 1 of the equilibrium"
 MAX_LEVELS = 12  # numeric attributes with more distinct values are binned
 N_BINS = 6
 
-ROUND_COLUMNS = ["run", "round", "n", "n_valid", "valid_share", "mean", "median", "sd",
-                 "target", "winning_guess"]
 ATTRIBUTE_COLUMNS = ["run", "attribute", "level", "round", "n", "mean", "sd", "ci_low", "ci_high"]
 
 
 def round_table(run: RunData) -> pd.DataFrame:
-    """Per round: n, valid share, mean, median, sd of valid guesses; target and winning guess.
-
-    Target and winning guess come from summary.parquet (what the environment announced);
-    with several groups they are averaged over the groups.
-    """
-    rows = run.rounds
-    valid = rows.loc[rows["guess"].notna(), ["round", "guess"]]
-    by_round = valid.groupby("round")["guess"]
-    table = pd.DataFrame({
-        "n": rows.groupby("round").size(),
-        "n_valid": by_round.size(),
-        "mean": by_round.mean(),
-        "median": by_round.median(),
-        "sd": by_round.std(ddof=1),
-    })
-    announced = run.summary.groupby("round")[["target", "winning_guess"]].mean()
-    table = table.join(announced, how="left")
-    table["n_valid"] = table["n_valid"].fillna(0).astype("int64")
-    table["valid_share"] = table["n_valid"] / table["n"]
-    table = table.reset_index().rename(columns={"index": "round"})
+    """Per round, the game's statistics (``Game.report_rounds``), with the run's label."""
+    table = run.game.report_rounds(run.rounds, run.summary)
     table.insert(0, "run", run.label)
-    return table[ROUND_COLUMNS]
+    return table
 
 
 def attribute_levels(population: pd.DataFrame, attribute: str,
@@ -96,33 +80,16 @@ def confidence_interval(mean: np.ndarray, sd: np.ndarray, n: np.ndarray,
     return mean - half, mean + half
 
 
-def rounds_to_equilibrium(rounds: pd.DataFrame, target: float, within: float = WITHIN) -> float:
-    """Rounds played until the mean guess is within `within` of `target` (1: the first round).
-
-    NaN when it never gets there.
-    """
-    hit = rounds.loc[(rounds["mean"] - target).abs() <= within, "round"]
-    return float(hit.min() + 1) if len(hit) else float("nan")
-
-
 def run_table(runs: Sequence[RunData], round_tables: Sequence[pd.DataFrame]) -> pd.DataFrame:
     records = []
-    for run, rounds in zip(runs, round_tables):
-        first, last = rounds.iloc[0], rounds.iloc[-1]
+    for run, rounds in zip(runs, round_tables, strict=True):
         timings = run.ledger.get("timings") or {}
         records.append({
             "run": run.label,
-            "backend": describe_backend(run.ledger.get("config", {})),
-            "ratio": run.game.ratio,
-            "offset": run.game.offset,
-            "prompt": run.game.prompt,
-            "n_agents": int(run.ledger.get("n_agents") or first["n"]),
+            "backend": describe_backend(run.ledger.get("config", {}), run.game),
+            "n_agents": int(run.ledger.get("n_agents") or rounds["n"].iloc[0]),
             "rounds": len(rounds),
-            "equilibrium": run.equilibrium,
-            "first_mean": first["mean"],
-            "first_median": first["median"],
-            "last_mean": last["mean"],
-            "rounds_to_within_1": rounds_to_equilibrium(rounds, run.equilibrium),
+            **run.game.report_run(rounds),
             "tokens_in": int(run.rounds["tokens_in"].to_numpy().sum(dtype=np.int64)),
             "tokens_out": int(run.rounds["tokens_out"].to_numpy().sum(dtype=np.int64)),
             "wall_s": timings.get("wall_s"),
@@ -130,56 +97,20 @@ def run_table(runs: Sequence[RunData], round_tables: Sequence[pd.DataFrame]) -> 
     return pd.DataFrame.from_records(records)
 
 
-def human_table(runs: Sequence[RunData], round_tables: Sequence[pd.DataFrame],
-                refs: References) -> tuple[pd.DataFrame, list[str]]:
-    """Each run's first round beside Nagel (1995)'s row for its ratio; notes where none."""
-    records, notes = [], []
-    for run, rounds in zip(runs, round_tables):
-        human = refs.human_for(run.game.ratio, run.game.offset)
-        if human is None:
-            notes.append(f"{run.label}: no human data for ratio {run.game.ratio}"
-                         f"{'' if run.game.offset == 0 else f' with offset {run.game.offset:g}'}"
-                         f" (Nagel 1995 has 1/2, 2/3 and 4/3 without offset)")
-            continue
-        first = rounds.iloc[0]
-        records.append({
-            "run": run.label, "ratio": run.game.ratio,
-            "run_n": int(first["n_valid"]), "run_mean": first["mean"],
-            "run_median": first["median"],
-            "human_n": human.n, "human_mean": human.mean, "human_median": human.median,
-        })
-    columns = ["run", "ratio", "run_n", "run_mean", "run_median",
-               "human_n", "human_mean", "human_median"]
-    return pd.DataFrame.from_records(records, columns=columns), notes
+def reference_tables(runs: Sequence[RunData],
+                     round_tables: Sequence[pd.DataFrame]) -> list[ReferenceTable]:
+    """The game's comparison tables, each holding every run's records and notes."""
+    merged: dict[str, ReferenceTable] = {}
+    for run, rounds in zip(runs, round_tables, strict=True):
+        for table in run.game.report_references(run.label, rounds):
+            into = merged.setdefault(table.key, ReferenceTable(
+                table.key, table.title, table.columns, table.citation))
+            into.records += table.records
+            into.notes += [n for n in table.notes if n not in into.notes]
+    return list(merged.values())
 
 
-def paper_table(runs: Sequence[RunData], round_tables: Sequence[pd.DataFrame],
-                refs: References) -> tuple[pd.DataFrame, list[str]]:
-    """The paper's LLM numbers beside each run with the same game and prompt."""
-    records, notes = [], []
-    for run, rounds in zip(runs, round_tables):
-        if not refs.llm_applies(run.game.ratio, run.game.offset):
-            notes.append(f"{run.label}: the paper's numbers are for ratio {refs.llm_ratio} without "
-                         f"offset; this run has ratio {run.game.ratio}, offset {run.game.offset:g}")
-            continue
-        for ref in refs.llm:
-            if ref.prompt != run.game.prompt:
-                continue
-            value = _metric(ref.metric, rounds)
-            if value is None:
-                notes.append(f"{run.label}: {refs.metrics.get(ref.metric, ref.metric)} needs "
-                             f"more rounds than the {len(rounds)} played")
-                continue
-            records.append({
-                "run": run.label, "prompt": ref.prompt, "metric": ref.metric,
-                "paper_model": ref.model, "paper_value": ref.value,
-                "approximate": ref.approximate, "run_value": value,
-            })
-    return pd.DataFrame.from_records(records, columns=[
-        "run", "prompt", "metric", "paper_model", "paper_value", "approximate", "run_value"]), notes
-
-
-def describe_backend(config: dict) -> str:
+def describe_backend(config: dict, game: Game) -> str:
     agents = config.get("agents", {})
     backend = agents.get("backend", "?")
     if backend == "llamacpp":
@@ -188,18 +119,9 @@ def describe_backend(config: dict) -> str:
     if backend == "openai":
         return f"openai:{(agents.get('openai') or {}).get('model', 'default')}"
     if backend == "scripted":
-        return f"scripted (tau {(agents.get('scripted') or {}).get('tau', '?')})"
+        settings = agents.get("scripted") or {}
+        return f"scripted ({game.describe_scripted(ScriptedSettings.from_table(settings))})"
     return str(backend)
-
-
-def _metric(metric: str, rounds: pd.DataFrame) -> float | None:
-    if metric == "first_round_mean":
-        return float(rounds["mean"].iloc[0])
-    if metric == "first_round_winning_number":
-        return float(rounds["target"].iloc[0])
-    if metric == "five_round_average_winning_number":
-        return float(rounds["target"].iloc[:5].mean()) if len(rounds) >= 5 else None
-    raise ValueError(f"unknown reference metric {metric!r} in the reference data")
 
 
 def _bin(column: pd.Series) -> pd.Categorical:

@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 from simpipe.cluster.state import pid_alive
+from simpipe.games.base import Game
 from simpipe.integrity import (
     RESUME_REPAIRS,
     CorruptFile,
@@ -34,6 +35,7 @@ from simpipe.integrity import (
     read_ledger,
     read_part,
     read_summary,
+    run_game,
 )
 from simpipe.layout import RunPaths
 from simpipe.ui.security import OutsideRoot, UnsafeName, contained, safe_child
@@ -207,8 +209,10 @@ def broken_row(name: str, problem: str) -> dict[str, Any]:
 
 # What a broken run's page gets besides its list line: the keys of run_detail, empty.
 EMPTY_DETAIL: dict[str, Any] = {
-    "game": {}, "equilibrium": None, "n_partitions": None, "rounds": [], "histogram": None,
-    "endpoints": {}, "timings": {}, "error": None, "scheduler": None, "created_at": None,
+    "game": {}, "kind": None, "describe": None, "answer_plural": None, "equilibrium": None,
+    "equilibrium_name": None, "chart": None, "round_columns": [], "n_partitions": None,
+    "rounds": [], "histogram": None, "endpoints": {}, "timings": {}, "error": None,
+    "scheduler": None, "created_at": None,
 }
 
 
@@ -238,16 +242,6 @@ def list_runs(results_root: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def _equilibrium(game: dict[str, Any]) -> float | None:
-    from simpipe.games.beauty_contest import equilibrium  # noqa: PLC0415
-    from simpipe.games.config import GameConfig  # noqa: PLC0415
-
-    try:
-        return equilibrium(GameConfig(**game))
-    except (TypeError, ValueError):
-        return None
-
-
 def _problem(run_dir: Path, exc: Exception) -> str:
     """One line for the page: the file (relative to the run) and what is wrong with it."""
     if isinstance(exc, CorruptFile):
@@ -261,45 +255,49 @@ def run_detail(files: RunFiles) -> dict[str, Any]:
     A broken file is named in ``problem``; what can still be read is shown."""
     try:
         ledger = load_ledger(files)
+        game = run_game(ledger, files.paths.ledger)
     except (CorruptFile, OutsideRoot) as exc:
         return {**broken_row(files.root.name, _problem(files.root, exc)), **EMPTY_DETAIL}
     row = run_row(files, ledger)
-    config = ledger.get("config") or {}
-    game = config.get("game") or {}
     done = _complete_rounds(ledger)
     problems: list[str] = []
     try:
-        per_round = _summary_by_round(files) if done else {}
+        per_round = _summary_by_round(files, game) if done else {}
     except (CorruptFile, OutsideRoot) as exc:
         per_round = {}
         problems.append(_problem(files.root, exc))
     chart = []
     for r in sorted(done):
-        rec, summ = done[r], per_round.get(r, {})
+        rec = done[r]
         chart.append({
             "round": r, "n": rec.get("n"), "n_valid": rec.get("n_valid"),
             "n_unparsed": rec.get("n_unparsed"), "n_out_of_range": rec.get("n_out_of_range"),
             "n_error": rec.get("n_error"), "mean": _num(rec.get("mean")),
-            "median": summ.get("median"), "target": summ.get("target"),
-            "winning_guess": summ.get("winning_guess"), "elapsed_s": rec.get("elapsed_s"),
+            **per_round.get(r, {}), "elapsed_s": rec.get("elapsed_s"),
             "agents_per_s": rec.get("agents_per_s"),
         })
     histogram = None
     if done:
         last = max(done)
         try:
-            histogram = _histogram(files, ledger, last, _num(game.get("low")) or 0.0,
-                                   _num(game.get("high")) or 100.0)
+            histogram = _histogram(files, ledger, last, game)
         except (CorruptFile, OutsideRoot) as exc:
             problems.append(_problem(files.root, exc))
         if histogram is not None:
-            histogram["target"] = per_round.get(last, {}).get("target")
+            mark = game.round_mark(per_round.get(last, {}))
+            histogram["mark"] = None if mark is None else {"label": mark[0], "value": mark[1]}
+    config = ledger.get("config") or {}
     return {
         **row,
         "problem": "; ".join(problems) or None,
-        "game": {k: game.get(k) for k in ("ratio", "offset", "low", "high", "rounds",
-                                          "group_size", "prompt")},
-        "equilibrium": _equilibrium(game),
+        "game": config.get("game") or {},
+        "kind": game.kind,
+        "describe": game.describe(),
+        "answer_plural": game.answer_plural,
+        "equilibrium": game.equilibrium(),
+        "equilibrium_name": game.equilibrium_name,
+        "chart": _chart(game),
+        "round_columns": [list(c) for c in game.page_columns],
         "n_partitions": ledger.get("n_partitions"),
         "progress": ledger.get("progress") if row["state"] == "running" else None,
         "rounds": chart,
@@ -310,6 +308,17 @@ def run_detail(files: RunFiles) -> dict[str, Any]:
         "scheduler": ledger.get("scheduler"),
         "created_at": ledger.get("created_at"),
     }
+
+
+def _chart(game: Game) -> dict[str, Any]:
+    """The game's per-round chart (``Game.round_chart``) as the page draws it."""
+    chart = game.round_chart()
+    reference = None
+    if chart.reference is not None:
+        reference = {"label": chart.reference[0], "values": list(chart.reference[1])}
+    return {"title": chart.title, "y_label": chart.y_label, "y_range": list(chart.y_range),
+            "series": [list(s) for s in chart.series],
+            "levels": [list(level) for level in chart.levels], "reference": reference}
 
 
 # Parquet reads are the only costly part of a refresh: cache them by file version.
@@ -330,7 +339,7 @@ def _cached(key: tuple, compute):
     return value
 
 
-def _summary_by_round(files: RunFiles) -> dict[int, dict[str, float | None]]:
+def _summary_by_round(files: RunFiles, game: Game) -> dict[int, dict[str, float | None]]:
     path = files.inside(files.paths.summary)
     try:
         st = path.stat()
@@ -338,17 +347,17 @@ def _summary_by_round(files: RunFiles) -> dict[int, dict[str, float | None]]:
         return {}
 
     def compute() -> dict[int, dict[str, float | None]]:
-        summary = read_summary(path)[["round", "median", "target", "winning_guess"]]
-        # Several groups: averaged over groups, as the report's rounds table does.
-        means = summary.groupby("round").mean(numeric_only=True)
-        return {int(r): {k: _num(v) for k, v in row.items()} for r, row in means.iterrows()}
+        # The game's statistics over all groups (the beauty contest: group averages, as
+        # the report's rounds table has them).
+        pooled = game.summary_by_round(read_summary(path, game.summary_columns))
+        return {int(r): {k: _num(v) for k, v in row.items()} for r, row in pooled.iterrows()}
 
-    return _cached(("summary", str(path), st.st_mtime_ns, st.st_size), compute)
+    return _cached(("summary", str(path), st.st_mtime_ns, st.st_size, game.kind), compute)
 
 
-def _histogram(files: RunFiles, ledger: dict[str, Any], round_index: int, low: float,
-               high: float) -> dict[str, Any] | None:
-    """The guesses of a finished round, every part file checked (CorruptFile names one)."""
+def _histogram(files: RunFiles, ledger: dict[str, Any], round_index: int,
+               game: Game) -> dict[str, Any] | None:
+    """The answers of a finished round, every part file checked (CorruptFile names one)."""
     bounds = expected_bounds(ledger, files.paths.ledger)
     parts = [files.inside(files.paths.round_part(round_index, k)) for k in range(len(bounds))]
     stamps = []
@@ -364,13 +373,13 @@ def _histogram(files: RunFiles, ledger: dict[str, Any], round_index: int, low: f
                            for part, agents in zip(parts, bounds, strict=True)],
                           ignore_index=True)
         valid = frame.loc[frame["status"] == "ok", "guess"].dropna().to_numpy(np.float64)
-        counts, edges = np.histogram(valid, bins=HIST_BINS, range=(low, high))
+        counts, edges = np.histogram(valid, bins=game.answer().bin_edges(HIST_BINS))
         return {"round": round_index, "edges": [float(e) for e in edges],
                 "counts": [int(c) for c in counts], "n_valid": int(valid.size),
                 "n": int(len(frame))}
 
-    return _cached(("hist", str(files.paths.round_dir(round_index)), tuple(stamps), low, high),
-                   compute)
+    return _cached(("hist", str(files.paths.round_dir(round_index)), tuple(stamps),
+                    game.answer()), compute)
 
 
 # --- actions ----------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ from simpipe.games.beauty_contest import (
     reduce_round,
     target_of,
 )
-from simpipe.games.config import GameConfig
+from simpipe.games.config import BeautyContestConfig as GameConfig
 
 
 def rows(guesses, groups=None, status=None):

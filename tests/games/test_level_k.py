@@ -1,7 +1,7 @@
 import numpy as np
 
 from simpipe.games.beauty_contest import target_of
-from simpipe.games.config import GameConfig
+from simpipe.games.config import BeautyContestConfig as GameConfig
 from simpipe.games.level_k import HierarchyParams, hierarchy_guesses
 
 

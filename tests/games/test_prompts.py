@@ -7,16 +7,10 @@ import os
 import pytest
 
 from simpipe.games.answer_format import ANSWER_MARKER
-from simpipe.games.config import GameConfig
-from simpipe.games.prompts import (
-    COMPLETION_CUE,
-    COT_CUE,
-    HistoryItem,
-    PromptBuilder,
-    fmt_number,
-    rule_text,
-    rules_text,
-)
+from simpipe.games.beauty_contest_prompts import COMPLETION_CUE, HistoryItem, rule_text, rules_text
+from simpipe.games.config import BeautyContestConfig as GameConfig
+from simpipe.games.prompts import PromptBuilder
+from simpipe.games.text import COT_CUE, fmt_number
 
 PERSONA = "A 34-year-old economist from Lyon."
 HISTORY = [HistoryItem(0, 50.0, 33.33), HistoryItem(1, 30.5, 22.22)]

@@ -20,7 +20,7 @@ from simpipe.agents.llm import prompting, requests_for
 from simpipe.agents.shared_answers import SharedAnswers, draw_uniforms
 from simpipe.config import config_from_dict
 from simpipe.games.parsing import parse_many
-from simpipe.games.prompts import HistoryItem
+from simpipe.games.beauty_contest_prompts import HistoryItem
 from simpipe.inference.llamacpp import LlamaCppBackend
 from simpipe.inference.llamacpp_sampler import ChainSettings
 from simpipe.inference.settings import LlamaCppSettings

@@ -46,6 +46,8 @@ const fmt = {
   bytes: (v) => (v ? `${(v / 2 ** 30).toFixed(2)} GiB` : "–"),
 };
 
+function capitalized(text) { return text.charAt(0).toUpperCase() + text.slice(1); }
+
 function badge(state) { return h("span", { className: `badge ${state}` }, state); }
 
 // A URL from a state file goes into an href only if it is http(s): never javascript: or data:.
@@ -171,14 +173,18 @@ function showRuns() {
 
 // --- One run, live --------------------------------------------------------------------------
 
+const SERIES_COLORS = [["#2563eb", "sw-mean"], ["#ea7a0c", "sw-target"], ["#16a34a", "sw-win"]];
+
+// The game's per-round chart as the API describes it (run.chart: y range, series, levels,
+// human reference); the beauty contest's is mean, target and winning number.
 function lineChart(run) {
   const W = 620, H = 280, L = 44, R = 12, T = 12, B = 34;
-  const g = run.game || {};
-  const lo = Number(g.low ?? 0), hi = Number(g.high ?? 100);
+  const chart = run.chart;
+  const [lo, hi] = chart.y_range.map(Number);
   const nRounds = Math.max(run.rounds_total || 1, 1);
   const x = (r) => L + (nRounds === 1 ? (W - L - R) / 2 : (r * (W - L - R)) / (nRounds - 1));
   const y = (v) => T + (H - T - B) * (1 - (v - lo) / (hi - lo || 1));
-  const svg = s("svg", { viewBox: `0 0 ${W} ${H}`, width: "100%", role: "img", "aria-label": "mean, target and winning number per round", id: "chart-rounds" });
+  const svg = s("svg", { viewBox: `0 0 ${W} ${H}`, width: "100%", role: "img", "aria-label": chart.title, id: "chart-rounds" });
   for (let i = 0; i <= 4; i++) {
     const v = lo + ((hi - lo) * i) / 4;
     svg.append(s("line", { class: "gridline", x1: L, x2: W - R, y1: y(v), y2: y(v) }),
@@ -188,20 +194,27 @@ function lineChart(run) {
   svg.append(s("text", { x: (L + W - R) / 2, y: H - 4, "text-anchor": "middle" }, "round"),
     s("line", { class: "axis", x1: L, x2: L, y1: T, y2: H - B }),
     s("line", { class: "axis", x1: L, x2: W - R, y1: H - B, y2: H - B }));
-  if (run.equilibrium !== null && run.equilibrium !== undefined) {
-    svg.append(s("line", { x1: L, x2: W - R, y1: y(run.equilibrium), y2: y(run.equilibrium), stroke: "#8a93a3", "stroke-dasharray": "6 4", "stroke-width": 1.5 },
-      s("title", {}, `equilibrium ${fmt.num(run.equilibrium)}`)));
+  for (const [name, value] of chart.levels) {
+    svg.append(s("line", { x1: L, x2: W - R, y1: y(value), y2: y(value), stroke: "#8a93a3", "stroke-dasharray": "6 4", "stroke-width": 1.5 },
+      s("title", {}, `${name} ${fmt.num(value)}`)));
   }
-  const series = [["mean", "#2563eb"], ["target", "#ea7a0c"], ["winning_guess", "#16a34a"]];
-  for (const [key, color] of series) {
+  const ref = chart.reference;
+  if (ref) {  // human data, as far as it goes
+    const pts = ref.values.slice(0, nRounds).map((v, r) => [r, v]);
+    svg.append(s("polyline", { id: "chart-reference", fill: "none", stroke: "#8a93a3", "stroke-width": 1.5, "stroke-dasharray": "3 3", points: pts.map(([r, v]) => `${x(r)},${y(v)}`).join(" ") },
+      s("title", {}, ref.label)));
+  }
+  chart.series.forEach(([key], i) => {
+    const color = SERIES_COLORS[i % SERIES_COLORS.length][0];
     const pts = run.rounds.filter((p) => p[key] !== null && p[key] !== undefined);
-    if (!pts.length) continue;
+    if (!pts.length) return;
     svg.append(s("polyline", { fill: "none", stroke: color, "stroke-width": 2, points: pts.map((p) => `${x(p.round)},${y(p[key])}`).join(" ") }));
     for (const p of pts) svg.append(s("circle", { cx: x(p.round), cy: y(p[key]), r: 3.5, fill: color }, s("title", {}, `round ${p.round + 1} ${key}: ${fmt.num(p[key])}`)));
-  }
+  });
   const legend = h("div", { className: "legend" },
-    h("span", {}, h("i", { className: "sw-mean" }), "mean guess"), h("span", {}, h("i", { className: "sw-target" }), "target"),
-    h("span", {}, h("i", { className: "sw-win" }), "winning guess"), h("span", {}, h("i", { className: "sw-eq" }), `equilibrium ${fmt.num(run.equilibrium)}`));
+    chart.series.map(([, label], i) => h("span", {}, h("i", { className: SERIES_COLORS[i % SERIES_COLORS.length][1] }), label)),
+    chart.levels.map(([name, value]) => h("span", {}, h("i", { className: "sw-eq" }), `${name} ${fmt.num(value)}`)),
+    ref ? h("span", {}, h("i", { className: "sw-ref" }), ref.label) : null);
   return h("div", {}, svg, legend);
 }
 
@@ -213,7 +226,7 @@ function histogram(run) {
   const max = Math.max(1, ...hist.counts);
   const x = (v) => L + ((v - lo) * (W - L - R)) / (hi - lo || 1);
   const y = (c) => T + (H - T - B) * (1 - c / max);
-  const svg = s("svg", { viewBox: `0 0 ${W} ${H}`, width: "100%", role: "img", "aria-label": "histogram of the latest round's guesses", id: "chart-hist" });
+  const svg = s("svg", { viewBox: `0 0 ${W} ${H}`, width: "100%", role: "img", "aria-label": `histogram of the latest round's ${run.answer_plural}`, id: "chart-hist" });
   for (let i = 0; i <= 4; i++) {
     const c = (max * i) / 4;
     svg.append(s("line", { class: "gridline", x1: L, x2: W - R, y1: y(c), y2: y(c) }), s("text", { x: L - 6, y: y(c) + 4, "text-anchor": "end" }, Math.round(c)));
@@ -224,19 +237,21 @@ function histogram(run) {
       s("title", {}, `${fmt.num(hist.edges[i], 1)}–${fmt.num(hist.edges[i + 1], 1)}: ${c}`)));
   });
   for (let i = 0; i <= 4; i++) {
-    const v = lo + ((hi - lo) * i) / 4;
+    // Whole numbers inside the bins' span (one bar per point spans -0.5..20.5: 0 to 20).
+    const v = Math.min(Math.max(Math.round(lo + ((hi - lo) * i) / 4), Math.ceil(lo)), Math.floor(hi));
     svg.append(s("text", { x: x(v), y: H - B + 16, "text-anchor": "middle" }, fmt.num(v, 0)));
   }
   svg.append(s("line", { class: "axis", x1: L, x2: W - R, y1: H - B, y2: H - B }));
-  if (hist.target !== null && hist.target !== undefined) {
-    svg.append(s("line", { x1: x(hist.target), x2: x(hist.target), y1: T, y2: H - B, stroke: "#ea7a0c", "stroke-width": 2 }, s("title", {}, `target ${fmt.num(hist.target)}`)));
+  const mark = hist.mark;  // the round's own line (the beauty contest: its target)
+  if (mark) {
+    svg.append(s("line", { x1: x(mark.value), x2: x(mark.value), y1: T, y2: H - B, stroke: "#ea7a0c", "stroke-width": 2 }, s("title", {}, `${mark.label} ${fmt.num(mark.value)}`)));
   }
   if (run.equilibrium !== null && run.equilibrium !== undefined) {
     svg.append(s("line", { x1: x(run.equilibrium), x2: x(run.equilibrium), y1: T, y2: H - B, stroke: "#8a93a3", "stroke-dasharray": "6 4", "stroke-width": 1.5 }));
   }
   return h("div", {}, svg, h("div", { className: "legend" },
-    h("span", {}, `round ${hist.round + 1}: ${fmt.int(hist.n_valid)} valid guesses of ${fmt.int(hist.n)}`),
-    h("span", {}, h("i", { className: "sw-target" }), "target"), h("span", {}, h("i", { className: "sw-eq" }), "equilibrium")));
+    h("span", {}, `round ${hist.round + 1}: ${fmt.int(hist.n_valid)} valid ${run.answer_plural} of ${fmt.int(hist.n)}`),
+    mark ? h("span", {}, h("i", { className: "sw-target" }), mark.label) : null, h("span", {}, h("i", { className: "sw-eq" }), run.equilibrium_name)));
 }
 
 function progressCard(run) {
@@ -258,15 +273,17 @@ function progressCard(run) {
   return card;
 }
 
+// Status counts, then the game's own columns (run.round_columns: [key, header]).
 function roundsTable(run) {
-  const cols = ["round", "n", "valid", "unparsed", "out of range", "error", "mean", "median", "target", "winning", "time", "agents/s"];
+  const game = run.round_columns;
+  const cols = ["round", "n", "valid", "unparsed", "out of range", "error", ...game.map(([, label]) => label), "time", "agents/s"];
   return h("table", { id: "rounds-table" }, h("thead", {}, h("tr", {}, cols.map((c) => h("th", { className: c === "round" ? "" : "num" }, c)))),
     h("tbody", {}, run.rounds.map((r) => h("tr", { "data-round": r.round },
       h("td", {}, r.round + 1), h("td", { className: "num" }, fmt.int(r.n)), h("td", { className: "num" }, fmt.int(r.n_valid)),
       h("td", { className: "num" }, fmt.int(r.n_unparsed)), h("td", { className: "num" }, fmt.int(r.n_out_of_range)),
-      h("td", { className: "num" }, fmt.int(r.n_error)), h("td", { className: "num" }, fmt.num(r.mean)),
-      h("td", { className: "num" }, fmt.num(r.median)), h("td", { className: "num" }, fmt.num(r.target)),
-      h("td", { className: "num" }, fmt.num(r.winning_guess)), h("td", { className: "num" }, fmt.secs(r.elapsed_s)),
+      h("td", { className: "num" }, fmt.int(r.n_error)),
+      game.map(([key]) => h("td", { className: "num", "data-col": key }, fmt.num(r[key]))),
+      h("td", { className: "num" }, fmt.secs(r.elapsed_s)),
       h("td", { className: "num" }, fmt.int(r.agents_per_s ? Math.round(r.agents_per_s) : null))))));
 }
 
@@ -296,7 +313,6 @@ function renderRun(box, run) {
       h("p", { className: "note problem", id: "run-problem" }, run.problem));
     return;
   }
-  const g = run.game || {};
   const buttons = h("div", { className: "actions" });
   if (run.state === "running" && !run.cancel_requested) {
     buttons.append(h("button", { id: "cancel-run", className: "danger", onclick: () => cancelRun(run.name) }, "Cancel run"));
@@ -312,7 +328,7 @@ function renderRun(box, run) {
     run.problem ? h("p", { className: "note problem", id: "run-problem" }, run.problem) : null,
     buttons,
     h("div", { className: "card" }, h("dl", { className: "kv" },
-      h("dt", {}, "game"), h("dd", {}, `target = ${g.offset} + ${g.ratio} × mean, guesses in [${g.low}, ${g.high}], ${g.rounds} rounds, prompt ${g.prompt}, equilibrium ${fmt.num(run.equilibrium)}`),
+      h("dt", {}, "game"), h("dd", { id: "game-line" }, run.describe),
       h("dt", {}, "agents"), h("dd", {}, `${fmt.int(run.n_agents)} in ${run.n_partitions} partitions, backend ${run.backend}`),
       h("dt", {}, "config hash"), h("dd", {}, run.config_hash || "–"),
       h("dt", {}, "rounds"), h("dd", { id: "rounds-done" }, `${run.rounds_done}/${run.rounds_total}`),
@@ -322,8 +338,8 @@ function renderRun(box, run) {
       h("dt", {}, "updated"), h("dd", {}, run.updated_at || "–"))),
     progressCard(run),
     h("div", { className: "grid" },
-      h("div", { className: "card" }, h("h3", {}, "Mean, target and winning number per round"), lineChart(run)),
-      h("div", { className: "card" }, h("h3", {}, "Guesses in the latest round"), histogram(run))),
+      h("div", { className: "card" }, h("h3", {}, capitalized(run.chart.title)), lineChart(run)),
+      h("div", { className: "card" }, h("h3", {}, `${capitalized(run.answer_plural)} in the latest round`), histogram(run))),
     h("h3", {}, "Rounds"), run.rounds.length ? roundsTable(run) : h("p", { className: "muted" }, "No round finished yet."),
     h("h3", {}, "Endpoints"), endpointsTable(run)].filter(Boolean));
 }

@@ -1,16 +1,16 @@
-"""Published reference numbers (human subjects, the LLM paper) shipped with the package."""
+"""Published numbers for the p-beauty contest: human subjects (Nagel 1995) and the LLM agents
+of the paper this project reproduces (Pan et al. 2024); the data file is
+``beauty_contest_reference.json`` beside this module."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from fractions import Fraction
-from functools import lru_cache
-from importlib import resources
 
 from simpipe.games.config import parse_ratio
+from simpipe.games.data import package_json
 
-DATA_FILE = "reference_data.json"
+DATA_FILE = "beauty_contest_reference.json"
 
 
 @dataclass(frozen=True)
@@ -51,9 +51,8 @@ class References:
         return offset == 0 and parse_ratio(ratio) == Fraction(parse_ratio(self.llm_ratio))
 
 
-@lru_cache(maxsize=1)
 def load_references() -> References:
-    raw = json.loads(resources.files("simpipe.report").joinpath(DATA_FILE).read_text("utf-8"))
+    raw = package_json(DATA_FILE)
     return References(
         human_citation=raw["human"]["citation"],
         human=tuple(HumanRow(r["ratio"], int(r["n"]), float(r["mean"]), float(r["median"]))

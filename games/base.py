@@ -1,0 +1,254 @@
+"""The one interface every game implements; the round loop, the report and the web page
+know games only through it.
+
+A game is its ``[game]`` table (``simpipe.games.config``) plus a ``Game`` object built from
+it (``simpipe.games.registry.game_for``). The object says:
+
+* what an answer is (``answer``: a number in a range; grammar, regex, JSON schema, parser);
+* its words (``prompt_texts``: rules, instruction, cue, how an earlier round reads) for the
+  shared prompt layout (``simpipe.games.prompts``), and each agent's history items;
+* the round: a partition's ``partial`` of its rows, the exact ``reduce`` of all partials to
+  one summary row per group (``summary_columns``), and the one number per group and round
+  announced to the group before the next round (``feedback_column``, ``feedback_table``);
+* rule-based (scripted) agents' answers;
+* its reference values (equilibria) and human data with the citation;
+* what the console, the report and the web page show of a round.
+
+Pure domain code: numpy and pandas, no Dask, no HTTP, nothing of the pipeline.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+import pandas as pd
+
+from simpipe.games.answers import NumberAnswer
+from simpipe.games.config import AnyGameConfig
+from simpipe.games.partials import Partial
+from simpipe.games.text import PromptTexts
+
+
+@dataclass(frozen=True)
+class Turn:
+    """What a partition's agents know when they decide."""
+
+    game: AnyGameConfig
+    seed: int
+    round_index: int
+    partition: int
+    # (agents, rounds so far): what each agent's group was told after each round (the
+    # game's feedback column: the beauty contest's winning number, the public goods game's
+    # total contribution); NaN where nothing was announced
+    past_feedback: np.ndarray
+    # (agents, rounds so far): each agent's own earlier answers, NaN where invalid; None
+    # when the policy does not ask for them (reading them costs a file per round)
+    past_answers: np.ndarray | None = None
+
+    def rng(self, stream: int) -> np.random.Generator:
+        """A generator that depends only on (seed, stream, round, partition)."""
+        return np.random.default_rng([self.seed, stream, self.round_index, self.partition])
+
+
+@dataclass(frozen=True)
+class ScriptedSettings:
+    """``[agents.scripted]`` as a game reads it: the beauty contest's cognitive hierarchy
+    (mean depth, noise, depth shifts per attribute label); other games have their own
+    calibrated players and ignore it."""
+
+    tau: float = 1.5
+    noise: float = 0.25
+    depth_shift: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+
+    @classmethod
+    def from_table(cls, raw: Mapping[str, Any]) -> ScriptedSettings:
+        """From ``[agents.scripted]`` as run.json stores it (other keys are not a game's)."""
+        return cls(**{k: raw[k] for k in ("tau", "noise", "depth_shift") if k in raw})
+
+
+@dataclass(frozen=True)
+class HumanReference:
+    """Published results of human subjects in (a configuration of) the game."""
+
+    citation: str
+    note: str  # how the numbers were obtained, and what could not be checked
+    subjects: int
+    statistic: str  # what ``by_round`` holds, e.g. "mean contribution (% of endowment)"
+    by_round: tuple[float, ...]  # from the first round on; only as many rounds as published
+    medians: tuple[float, ...] = ()  # per round, where published
+
+
+@dataclass(frozen=True)
+class RoundChart:
+    """How a game's rounds are drawn, in the report's figures and on the web page."""
+
+    title: str
+    y_label: str
+    y_range: tuple[float, float]
+    # (column of the per-round table, legend label), drawn in this order
+    series: tuple[tuple[str, str], ...]
+    # horizontal reference lines (name, value), e.g. ("equilibrium", 0.0)
+    levels: tuple[tuple[str, float], ...] = ()
+    # human data per round from the first, on the same scale as ``series`` (label, values)
+    reference: tuple[str, tuple[float, ...]] | None = None
+
+
+@dataclass
+class ReferenceTable:
+    """One of the report's comparison tables, for every run of a report."""
+
+    key: str  # the CSV's stem
+    title: str
+    columns: list[str]
+    citation: str
+    records: list[dict[str, Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+class Game(abc.ABC):
+    """A game, configured: built once per ``[game]`` table (``registry.game_for``)."""
+
+    kind: ClassVar[str]
+    title: ClassVar[str]  # e.g. "p-beauty contest"
+    equilibrium_name: ClassVar[str]  # "equilibrium", "Nash equilibrium"
+    answer_name: ClassVar[str]  # what the rows' ``guess`` column holds: "guess", "contribution"
+    answer_plural: ClassVar[str]  # "guesses", "contributions"
+    summary_columns: ClassVar[tuple[str, ...]]  # summary.parquet, in order
+    feedback_column: ClassVar[str]  # the summary column announced to each group
+    # The web page's rounds table: (column of ``summary_by_round`` or run.json's round
+    # record, header), after the status counts.
+    page_columns: ClassVar[tuple[tuple[str, str], ...]]
+    # Whether scripted agents need their own earlier answers (``Turn.past_answers``).
+    scripted_needs_own_answers: ClassVar[bool] = False
+
+    def __init__(self, config: AnyGameConfig) -> None:
+        self.config = config
+
+    # --- answers and prompts ------------------------------------------------------------
+
+    @abc.abstractmethod
+    def answer(self) -> NumberAnswer:
+        """What an answer is: its range, constraints and parser."""
+
+    @abc.abstractmethod
+    def prompt_texts(self, marker: str) -> PromptTexts:
+        """The game's part of every prompt (``marker``: the chain-of-thought answer marker)."""
+
+    @abc.abstractmethod
+    def histories(self, past_answers: np.ndarray | None,
+                  past_feedback: np.ndarray) -> list[list[Hashable]] | None:
+        """Each agent's earlier rounds as history items (``PromptTexts.history_line`` reads
+        them), from its own answers and its group's feedback; None before the first."""
+
+    # --- the round ----------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def partial(self, rows: pd.DataFrame) -> Partial:
+        """What one partition's rows (``group_id``, ``guess``, ``status``) contribute to the
+        round's reduce: small, picklable, and merged exactly by ``reduce``."""
+
+    @abc.abstractmethod
+    def reduce_merged(self, partial: Partial, round_index: int) -> pd.DataFrame:
+        """``reduce`` of the partials of every partition, concatenated."""
+
+    def reduce(self, partials: Sequence[Partial], round_index: int) -> pd.DataFrame:
+        """One summary row per group (``summary_columns``), sorted by group."""
+        return self.reduce_merged(Partial.concat(list(partials)), round_index)
+
+    def feedback_table(self, summary: pd.DataFrame, n_groups: int, upto: int) -> np.ndarray:
+        """(groups, rounds < upto): the number announced to each group after each round."""
+        table = np.full((n_groups, upto), np.nan)
+        if upto and len(summary):
+            done = summary[summary["round"] < upto]
+            table[done["group_id"].to_numpy(), done["round"].to_numpy()] = (
+                done[self.feedback_column].to_numpy())
+        return table
+
+    def population_problem(self, size: int) -> str | None:
+        """Why a population of ``size`` agents cannot play this game; None when it can."""
+        return None
+
+    # --- scripted agents ----------------------------------------------------------------
+
+    @abc.abstractmethod
+    def scripted_answers(self, agents: pd.DataFrame, turn: Turn,
+                         settings: ScriptedSettings) -> np.ndarray:
+        """One rule-based answer per agent (same order as ``agents``), seeded by ``turn``."""
+
+    @abc.abstractmethod
+    def describe_scripted(self, settings: ScriptedSettings) -> str:
+        """The scripted agents in a few words (the report's back-end column)."""
+
+    def scripted_attributes(self, settings: ScriptedSettings) -> set[str]:
+        """The population attributes scripted agents' answers depend on (none by default)."""
+        return set()
+
+    # --- references and what is shown ---------------------------------------------------
+
+    @abc.abstractmethod
+    def equilibrium(self) -> float:
+        """The answer every player gives in the game's equilibrium (``equilibrium_name``)."""
+
+    @abc.abstractmethod
+    def human_reference(self) -> HumanReference | None:
+        """Human subjects' results for this configuration; None when none are published."""
+
+    @abc.abstractmethod
+    def round_numbers(self, rows: pd.DataFrame) -> dict[str, float | None]:
+        """A round's headline numbers over all groups, from its summary rows, as run.json
+        records them (``mean``: the mean answer, as every game has one)."""
+
+    @abc.abstractmethod
+    def round_text(self, rows: pd.DataFrame, numbers: Mapping[str, float | None]) -> str:
+        """The console round line's game part (``numbers``: ``round_numbers(rows)``)."""
+
+    @abc.abstractmethod
+    def reference_text(self, round_index: int) -> str:
+        """What the round line ends with in brackets, e.g. "equilibrium 0"."""
+
+    @abc.abstractmethod
+    def describe(self) -> str:
+        """The configured game in one line (the report and the web page)."""
+
+    def variant(self) -> str:
+        """What tells this configuration from others of the game, in a few words (titles of
+        figures that compare runs)."""
+        return f"prompt {self.config.prompt}"
+
+    @abc.abstractmethod
+    def round_chart(self) -> RoundChart:
+        """How rounds are drawn (report figures, the web page's chart)."""
+
+    @abc.abstractmethod
+    def summary_by_round(self, summary: pd.DataFrame) -> pd.DataFrame:
+        """Per round (index ``round``), the game's statistics pooled over groups from its
+        summary rows: what the web page's chart and rounds table show."""
+
+    @abc.abstractmethod
+    def round_mark(self, pooled: Mapping[str, Any]) -> tuple[str, float] | None:
+        """The round's own line on its histogram of answers (label, value), from that
+        round's ``summary_by_round`` row; None when it has none."""
+
+    # --- the report (pure pandas; the report draws and writes) ---------------------------
+
+    @abc.abstractmethod
+    def report_rounds(self, rows: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame:
+        """Per round: the report's statistics from every agent's row (``round``, ``guess``,
+        ``status``) and the summary; a ``round`` column first."""
+
+    @abc.abstractmethod
+    def report_notes(self) -> dict[str, list[str]]:
+        """Notes under the report's "runs" and "rounds" tables, on the game's columns."""
+
+    @abc.abstractmethod
+    def report_run(self, rounds: pd.DataFrame) -> dict[str, Any]:
+        """The game's columns of the report's per-run table (``rounds``: ``report_rounds``)."""
+
+    @abc.abstractmethod
+    def report_references(self, label: str, rounds: pd.DataFrame) -> list[ReferenceTable]:
+        """The comparison tables for one run (each with its records and notes); the report
+        concatenates the tables of the same key over runs."""

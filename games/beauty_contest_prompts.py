@@ -1,0 +1,79 @@
+"""The p-beauty contest's words: its rules, how to answer, how an earlier round reads."""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+from simpipe.games.answer_format import ANSWER_MARKER
+from simpipe.games.config import BeautyContestConfig, parse_ratio
+from simpipe.games.text import PromptTexts, cot_instruction, fmt_number
+
+CLASSIC_GAME = "guess 2/3 of the average"
+COMPLETION_CUE = "My number:"
+
+
+class HistoryItem(NamedTuple):
+    """What one agent saw of an earlier round: its own answer (None: invalid) and the result."""
+
+    round: int  # 0-based, like ``round_index``
+    own_guess: float | None
+    winning_number: float | None
+
+
+def rule_text(game: BeautyContestConfig) -> str:
+    """The target formula in words; the ratio exactly as configured (``"2/3"``, ``"0.51"``)."""
+    if game.offset == 0:
+        return f"{game.ratio} of the average of all chosen numbers"
+    return f"{fmt_number(game.offset)} + {game.ratio} * the average of all chosen numbers"
+
+
+def rules_text(game: BeautyContestConfig) -> str:
+    """The shared rules paragraph, variant disclosure included."""
+    low, high = fmt_number(game.low), fmt_number(game.high)
+    lines = [
+        "You are playing a number-guessing game with other players.",
+        f"Every player chooses a number between {low} and {high} (inclusive).",
+        f"The target is {rule_text(game)}.",
+    ]
+    ratio = float(parse_ratio(game.ratio))
+    lowest, highest = game.offset + ratio * game.low, game.offset + ratio * game.high
+    if lowest < game.low or highest > game.high:
+        lines.append(f"A target outside {low} to {high} is moved to the nearest end of that range.")
+    lines.append("The player whose number is closest to the target wins.")
+    if game.disclose_variant:
+        lines.append(
+            f'This game is a variation of the well-known game "{CLASSIC_GAME}": '
+            f"here the target is {rule_text(game)}."
+        )
+    rounds = "one round" if game.rounds == 1 else f"{game.rounds} rounds"
+    lines.append(f"The game lasts {rounds}; after each round the winning number is announced.")
+    return " ".join(lines)
+
+
+def instruction_text(game: BeautyContestConfig, marker: str = ANSWER_MARKER) -> str:
+    """The shared part of the round instruction for ``game.prompt``."""
+    if game.prompt == "cot":
+        return cot_instruction("what the other players will choose", "number", marker)
+    return "Reply with your number only."
+
+
+def history_line(item: HistoryItem) -> str:
+    """``"Round 1: you chose 50; the winning number was 33.33."``"""
+    own = (
+        "your answer was invalid"
+        if item.own_guess is None or not math.isfinite(item.own_guess)
+        else f"you chose {fmt_number(item.own_guess)}"
+    )
+    win = (
+        "no winning number was announced"
+        if item.winning_number is None or not math.isfinite(item.winning_number)
+        else f"the winning number was {fmt_number(item.winning_number)}"
+    )
+    return f"Round {item.round + 1}: {own}; {win}."
+
+
+def prompt_texts(game: BeautyContestConfig, marker: str = ANSWER_MARKER) -> PromptTexts:
+    return PromptTexts(rules=rules_text(game), instruction=instruction_text(game, marker),
+                       cue=COMPLETION_CUE, rounds=game.rounds, cot=game.prompt == "cot",
+                       history_line=history_line)

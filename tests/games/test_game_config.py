@@ -1,0 +1,91 @@
+"""``[game]`` as a union of the games' tables, discriminated on ``kind``."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import BaseModel, Field, ValidationError
+
+from simpipe.games.config import (
+    BeautyContestConfig,
+    GameConfig,
+    PublicGoodsConfig,
+    game_config,
+)
+
+
+class Holder(BaseModel):
+    """The ``game`` field as the whole config declares it."""
+
+    game: GameConfig = Field(default_factory=BeautyContestConfig)
+
+
+def errors(raw: dict) -> list[tuple[tuple, str]]:
+    with pytest.raises(ValidationError) as info:
+        Holder.model_validate({"game": raw})
+    return [(e["loc"], e["msg"]) for e in info.value.errors(include_url=False)]
+
+
+def test_a_table_without_kind_is_the_beauty_contest() -> None:
+    assert Holder().game == BeautyContestConfig()
+    assert Holder.model_validate({"game": {"ratio": "1/2"}}).game.ratio_value == 0.5
+
+
+def test_the_public_goods_defaults_are_the_classic_design() -> None:
+    game = game_config({"kind": "public_goods"})
+    assert isinstance(game, PublicGoodsConfig)
+    assert (game.group_size, game.endowment, game.mpcr, game.rounds) == (4, 20, 0.4, 10)
+
+
+def test_a_key_of_another_game_is_an_error_naming_that_game() -> None:
+    [(loc, msg)] = errors({"kind": "public_goods", "ratio": "2/3"})
+    assert loc == ("game", "ratio")
+    assert "a key of kind = 'beauty_contest', not of kind = 'public_goods'" in msg
+    assert "allowed here: kind, rounds, group_size, prompt, endowment, mpcr" in msg
+    [(loc, msg)] = errors({"endowment": 20})  # no kind: the beauty contest
+    assert loc == ("game", "endowment") and "kind = 'public_goods'" in msg
+
+
+def test_every_problem_of_a_table_is_named_at_once() -> None:
+    problems = dict(errors({"kind": "public_goods", "ratio": "2/3", "mpcr": 2, "rounds": 0}))
+    assert set(problems) == {("game", "ratio"), ("game", "mpcr"), ("game", "rounds")}
+
+
+def test_a_game_that_is_not_a_table_is_named() -> None:
+    [(loc, msg)] = errors(3)
+    assert loc == ("game",) and "a table is expected" in msg
+
+
+def test_an_unknown_key_and_an_unknown_game_are_named() -> None:
+    [(loc, msg)] = errors({"kind": "public_goods", "colour": "red"})
+    assert loc == ("game", "colour") and "no such key for kind = 'public_goods'" in msg
+    [(loc, msg)] = errors({"kind": "ultimatum"})
+    assert loc == ("game", "kind")
+    assert "allowed: 'beauty_contest', 'public_goods'" in msg
+
+
+@pytest.mark.parametrize(("raw", "key", "text"), [
+    ({"kind": "public_goods", "mpcr": 1.0}, "mpcr", "less than 1"),
+    ({"kind": "public_goods", "group_size": 1}, "group_size", "greater than or equal to 2"),
+    ({"kind": "public_goods", "endowment": 2_000_000}, "endowment", "less than or equal"),
+    ({"kind": "public_goods", "endowment": 2.5}, "endowment", "valid integer"),
+    ({"rounds": 0}, "rounds", "greater than or equal to 1"),
+])
+def test_bad_values_are_named_by_their_key_without_the_union_member(raw, key, text) -> None:
+    [(loc, msg)] = errors(raw)
+    assert loc == ("game", key) and text in msg
+
+
+def test_the_beauty_contest_table_keeps_its_keys() -> None:
+    """run.json's config and the results hash are made of these keys: a run made before the
+    game interface existed must still resume."""
+    assert set(BeautyContestConfig().model_dump()) == {
+        "kind", "ratio", "offset", "low", "high", "rounds", "group_size", "prompt",
+        "disclose_variant"}
+
+
+def test_a_stored_table_reads_back_as_its_game() -> None:
+    game = PublicGoodsConfig(mpcr=0.5, rounds=3)
+    assert game_config(game.model_dump(mode="json")) == game
+    assert game_config(game) == game
+    with pytest.raises(ValueError):
+        game_config({"kind": "public_goods", "low": 0})
