@@ -28,7 +28,10 @@ LATENCY_LIMIT_S = 3600.0
 
 
 class ScriptedSettings(BaseModel):
-    """Rule-based agents (cognitive hierarchy); no LLM."""
+    """Rule-based agents; no LLM. The beauty contest's follow the cognitive-hierarchy model
+    (Camerer, Ho & Chong 2004) with these keys; the public goods game's are calibrated to
+    human data and take only ``latency_s`` from here ([games](games.md)).
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 

@@ -149,7 +149,10 @@ class Config(_Section):
     population: PopulationConfig = PopulationConfig()
     # One of the games' tables, chosen by game.kind (simpipe.games.config).
     game: Annotated[GameConfig, AfterValidator(_game_fits_population)] = Field(
-        default_factory=BeautyContestConfig)
+        default_factory=BeautyContestConfig, description=(
+            "the game and its rules. `kind` chooses ([games](games.md)), and each game has "
+            "its own keys: a key of the other game's table is an error naming the game it "
+            "belongs to"))
     agents: AgentsConfig = AgentsConfig()
     cluster: ClusterConfig = Field(LocalClusterConfig(), description=(
         "where the Dask workers run. `kind` chooses, and each kind has its own keys: a key of "
