@@ -69,11 +69,8 @@ class GameSettings(BaseModel):
 
 
 class BeautyContestConfig(GameSettings):
-    """The p-beauty contest: target = offset + ratio * mean, clipped to [low, high].
-
-    The equilibrium is the fixed point of ``x -> clip(offset + ratio * x)``: 0 for 2/3, 10
-    for ``5 + 1/2 * mean``, 100 for ratios above 1 ([games](games.md)).
-    """
+    """The p-beauty contest: target = offset + ratio * mean, clipped to [low, high]; its
+    equilibrium and scripted players: [games](games.md)."""
 
     kind: Literal["beauty_contest"] = "beauty_contest"
     ratio: str = Field("2/3", description=(
