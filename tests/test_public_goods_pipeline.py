@@ -11,6 +11,7 @@ from support import REPO, cancel_after_first_round, one_error_line, simpipe_cli,
 from simpipe.config import ConfigError
 from simpipe.console import Console
 from simpipe.games.public_goods import SUMMARY_COLUMNS
+from simpipe.inference.stub_server import StubProcess
 from simpipe.layout import RunPaths
 from simpipe.results import read_ledger, read_rounds, read_summary
 from simpipe.runner import RunCancelled, run_simulation
@@ -126,3 +127,32 @@ def test_the_llm_example_plays_with_the_embedded_model(tmp_path):
     summary = read_summary(out / "public-goods-llm")
     assert (summary["n"] == 4).all() and len(summary) == 4
     assert "round 2/2: contribution" in proc.stdout
+
+
+@pytest.mark.parametrize("agents", [
+    {"backend": "tgi"},
+    {"backend": "openai"},
+    {"backend": "openai", "openai": {"api": "chat"}},
+], ids=["tgi", "openai-completions", "openai-chat"])
+def test_http_back_ends_play_the_game_through_their_protocols(dask_client, tmp_path, agents):
+    """A real server process speaking TGI's and the OpenAI protocol (the stub answers at
+    once, a number matching the request's answer constraint): every contribution comes back
+    over HTTP inside 0..endowment, so the game's constraint is what each back-end sent."""
+    with StubProcess() as stub:
+        backend = agents["backend"]
+        settings = {**agents.get(backend, {}), "endpoints": [stub.url]}
+        config = pg_config(tmp_path, game={"rounds": 2},
+                           agents={**agents, backend: settings})
+        run_simulation(config, client=dask_client, console=QUIET)
+    rounds = read_rounds(config.run_dir)
+    assert len(rounds) == 2 * 600 and (rounds["status"] == "ok").all()
+    assert rounds["guess"].between(0, 20).all() and (rounds["guess"] % 1 == 0).all()
+    # 0..100 answers (the beauty contest's range) would be out of range: the stub draws
+    # uniformly, so a wrong constraint would show within 1,200 answers.
+    assert rounds["guess"].nunique() > 10
+    summary = read_summary(config.run_dir)
+    totals = rounds.groupby(["round", "group_id"])["guess"].sum()
+    by_group = summary.set_index(["round", "group_id"])
+    np.testing.assert_array_equal(by_group["total_contribution"], totals.loc[by_group.index])
+    counters = read_ledger(config.run_dir)["endpoints"][stub.url]
+    assert counters["requests"] == 2 * 600
