@@ -20,6 +20,7 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 import annotated_types as at
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
+from pydantic.types import AllowInfNan
 from pydantic_core import PydanticUndefined
 
 REGENERATE = "python -m simpipe.config_docs > docs/config.md"
@@ -34,10 +35,7 @@ _KIND_ROW = "selects this kind: the keys below belong to it"
 
 def config_reference(root: type[BaseModel] | None = None, title: str = "Config reference") -> str:
     """The Markdown reference of ``root`` (default: the whole ``simpipe.config.Config``)."""
-    if root is None:
-        from simpipe.config import Config  # noqa: PLC0415 - keeps this module's import light
-
-        root = Config
+    root = _whole_config(root)
     lines = [f"# {title}", "", _HEADER.format(command=REGENERATE), ""]
     intro = _docstring(root)
     if intro:
@@ -54,10 +52,7 @@ def config_reference(root: type[BaseModel] | None = None, title: str = "Config r
 
 def undescribed_keys(root: type[BaseModel] | None = None) -> list[str]:
     """Every key path under ``root`` whose field has no description (should be none)."""
-    if root is None:
-        from simpipe.config import Config  # noqa: PLC0415
-
-        root = Config
+    root = _whole_config(root)
     missing: list[str] = []
     seen: set[type[BaseModel]] = set()
 
@@ -195,7 +190,7 @@ def _type_text(annotation: Any, metadata: list[Any] = (), plural: bool = False) 
         annotation, *extra = get_args(annotation)
         constraints += extra
     constraints = _flatten(constraints)
-    finite = any(isinstance(c, _allow_inf_nan()) and not c.allow_inf_nan for c in constraints)
+    finite = any(isinstance(c, AllowInfNan) and not c.allow_inf_nan for c in constraints)
     origin = get_origin(annotation)
     if origin is Literal:
         values = [f"`{_toml(v)}`" for v in get_args(annotation)]
@@ -315,10 +310,14 @@ def _flatten(constraints: list[Any]) -> list[Any]:
     return out
 
 
-def _allow_inf_nan() -> type:
-    from pydantic.types import AllowInfNan  # noqa: PLC0415
+def _whole_config(root: type[BaseModel] | None) -> type[BaseModel]:
+    if root is not None:
+        return root
+    # Imported here: the whole config imports every package's section; the helpers of this
+    # module (and its tests' small models) need none of them.
+    from simpipe.config import Config
 
-    return AllowInfNan
+    return Config
 
 
 def _strip_annotated(annotation: Any) -> Any:

@@ -102,10 +102,54 @@ def test_the_command_table_lists_every_command():
     assert not missing, f"commands missing from the README's command table: {missing}"
 
 
+_OUTPUT = re.compile(r"\s+(\||[12&]?>)")  # what may follow a step: a pipe or a redirection
+
+
+def _steps(command: str) -> list[str]:
+    return [step.strip() for step in command.split("&&") if step.strip()]
+
+
+def _is_step(step: str, wanted: str) -> bool:
+    """``step`` runs ``wanted`` as it is: the same words, then at most where its output goes
+    (``pytest 2>&1 | tee log`` runs ``pytest``; ``pytest -k x`` does not)."""
+    return step == wanted or (step.startswith(wanted)
+                              and _OUTPUT.match(step, len(wanted)) is not None)
+
+
+def runs_in_order(command: str, script: str) -> bool:
+    """Whether ``script`` runs every ``&&`` step of ``command``, in that order (on one line or
+    several, other commands between them; a step may be followed by its redirections or a
+    pipe, e.g. ``python -m pytest 2>&1 | tee log``)."""
+    wanted = _steps(command)
+    found = 0
+    for line in script.splitlines():
+        if line.lstrip().startswith("#"):
+            continue
+        for step in _steps(line):
+            if found < len(wanted) and _is_step(step, wanted[found]):
+                found += 1
+    return found == len(wanted)
+
+
 def test_the_readme_test_command_is_what_ci_runs():
     setup = section(README.read_text(encoding="utf-8"), "Set up (fresh machine, Python 3.11+)")
     blocks = re.findall(r"```bash\n(.*?)\n```", setup, re.S)
     assert len(blocks) == 2, "Set up has two commands: the quickstart and the test suite"
-    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
-    assert blocks[1] in ci or any(line.startswith(blocks[1] + " ") for line in ci), (
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    assert runs_in_order(blocks[1], ci), (
         f".ci/run does not run the README's test command {blocks[1]!r}: keep them in sync")
+
+
+def test_ci_may_split_the_command_but_not_drop_or_reorder_a_step():
+    command = 'python3 -m venv .venv && . .venv/bin/activate && pip install -e . && pytest'
+    assert runs_in_order(command, f"set -e\n{command} 2>&1 | tee log\n")
+    split = ("python3 -m venv .venv && . .venv/bin/activate && pip install -e .\n"
+             "ruff check .\npytest 2>&1 | tee log\n")
+    assert runs_in_order(command, split)
+    assert not runs_in_order(command, "python3 -m venv .venv && . .venv/bin/activate\npytest\n")
+    assert not runs_in_order(command, "pytest\npython3 -m venv .venv && . .venv/bin/activate "
+                                      "&& pip install -e .\n")
+    assert not runs_in_order(command, f"# {command}\n")
+    # Another command is not the step: `pytest -k x` runs a part of the suite.
+    assert not runs_in_order(command, "python3 -m venv .venv && . .venv/bin/activate && "
+                                  "pip install -e . && pytest -k x\n")
