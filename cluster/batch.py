@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import shlex
 import sys
 from dataclasses import dataclass
 
-from simpipe.cluster.config import SlurmClusterConfig
+from simpipe.cluster import slurm
+from simpipe.cluster.config import SlurmClusterConfig, memory_mib
 from simpipe.cluster.servers import server_command
 from simpipe.cluster.slurm import placement_directives
 
@@ -46,14 +46,6 @@ def servers_per_node(cluster: SlurmClusterConfig, gpus_per_node: int) -> int:
     return cfg.per_node
 
 
-def _memory_mb(text: str) -> int:
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(i?B)?\s*", text, re.IGNORECASE)
-    if not m:
-        raise ValueError(f"cluster.memory = {text!r}: use e.g. \"2GB\"")
-    unit = (m.group(2) or "M").upper()
-    return int(float(m.group(1)) * {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024**2}[unit])
-
-
 def batch_script(cluster: SlurmClusterConfig, opts: BatchOptions) -> str:
     """The text of the batch script."""
     if opts.nodes < 1 or opts.workers_per_node < 1:
@@ -65,9 +57,9 @@ def batch_script(cluster: SlurmClusterConfig, opts: BatchOptions) -> str:
     threads = max(1, cluster.cores // cluster.processes)
     per_node_servers = servers_per_node(cluster, opts.gpus_per_node)
     srv = cluster.servers
-    server_mb = _memory_mb(srv.memory) * per_node_servers
-    mem_mb = (_memory_mb(opts.memory) if opts.memory
-              else _memory_mb(cluster.memory) * tasks_per_node + server_mb)
+    server_mb = memory_mib(srv.memory, "cluster.servers.memory") * per_node_servers
+    mem_mb = (memory_mib(opts.memory, "--mem") if opts.memory
+              else memory_mib(cluster.memory, "cluster.memory") * tasks_per_node + server_mb)
     cpus_per_node = threads * tasks_per_node + srv.cpus_per_server * per_node_servers
     lines = [
         "#!/usr/bin/env bash",
@@ -123,8 +115,6 @@ def batch_script(cluster: SlurmClusterConfig, opts: BatchOptions) -> str:
 
 def batch_endpoints(cluster: SlurmClusterConfig) -> list[str]:
     """Inside the job: the URLs of the servers the batch script started."""
-    from simpipe.cluster import slurm  # noqa: PLC0415
-
     per_node = int(os.environ.get("SIMPIPE_SERVERS_PER_NODE", "0"))
     port = int(os.environ.get("SIMPIPE_SERVER_PORT", str(cluster.servers.port)))
     if not per_node:

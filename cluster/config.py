@@ -8,6 +8,7 @@ union, discriminated on ``kind``.
 from __future__ import annotations
 
 import importlib
+import math
 import re
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -16,17 +17,19 @@ from typing import Annotated, Any, ClassVar, Literal, Union
 
 from dask.utils import parse_bytes
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
+    Discriminator,
     Field,
     FiniteFloat,
-    Discriminator,
     StrictInt,
     Tag,
-    TypeAdapter,
     field_validator,
     model_validator,
 )
+
+from simpipe.inference.emulator_profiles import get_profile
 
 _WALLTIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d{1,2}))?(?::(\d{1,2}))?$")
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*(s|m|h|d)?$")
@@ -56,15 +59,45 @@ def duration_seconds(text: str) -> float:
     return value * {"s": 1, "m": 60, "h": 3600, "d": 86400}[unit]
 
 
-def memory_amount(text: str) -> str:
-    """An amount of memory such as ``"4GiB"`` or ``"2GB"``, unchanged; ValueError otherwise."""
+def memory_bytes(text: str) -> int:
+    """A positive amount of memory as Dask reads it (``dask.utils.parse_bytes``: ``"4GiB"`` is
+    4 x 2**30 bytes, ``"2GB"`` 2 x 10**9, ``"5e9"`` and ``"512 MB"`` too); ValueError
+    otherwise."""
     try:
         amount = parse_bytes(text) if text.strip() else 0
     except (ValueError, OverflowError):
         amount = 0
     if amount <= 0:
         raise ValueError("expected an amount of memory such as \"4GiB\", \"2GB\" or \"512MB\"")
+    return amount
+
+
+def memory_amount(text: str) -> str:
+    """An amount of memory (see ``memory_bytes``), unchanged; ValueError otherwise."""
+    memory_bytes(text)
     return text
+
+
+def walltime_text(text: str) -> str:
+    """A SLURM time limit (see ``walltime_seconds``), unchanged; ValueError otherwise."""
+    walltime_seconds(text)
+    return text
+
+
+# Config field types: the value as written, checked when the config is read.
+MemoryAmount = Annotated[str, AfterValidator(memory_amount)]
+Walltime = Annotated[str, AfterValidator(walltime_text)]
+# "" means: the default the field's comment names.
+WalltimeOrDefault = Annotated[str, AfterValidator(lambda text: text and walltime_text(text))]
+
+
+def memory_mib(text: str, key: str) -> int:
+    """An amount of memory in MiB, the unit of SLURM's ``--mem``, rounded up: a job gets at
+    least the bytes Dask reads from the same text. ValueError naming ``key`` otherwise."""
+    try:
+        return math.ceil(memory_bytes(text) / 2**20)
+    except ValueError as exc:
+        raise ValueError(f"{key} = {text!r}: {exc}") from None
 
 
 class _Section(BaseModel):
@@ -78,7 +111,7 @@ class AdaptConfig(_Section):
     maximum: StrictInt = Field(1, ge=1, description="the most worker jobs")
 
     @model_validator(mode="after")
-    def _order(self) -> "AdaptConfig":
+    def _order(self) -> AdaptConfig:
         if self.minimum > self.maximum:
             raise ValueError(f"minimum {self.minimum} > maximum {self.maximum}")
         return self
@@ -111,8 +144,6 @@ class EmulatedServersConfig(_Section):
 
     @model_validator(mode="after")
     def _known_profile(self) -> EmulatedServersConfig:
-        from simpipe.inference.emulator_profiles import get_profile  # noqa: PLC0415
-
         get_profile(self.profile, self.params)  # ValueError naming a bad name or parameter
         return self
 
@@ -144,8 +175,9 @@ class ServersConfig(_Section):
         "GPUs per server job (`--gres=gpu:N`); with `kind = \"emulated\"` the jobs ask for "
         "none and this only counts GPU-hours"))
     cpus_per_server: StrictInt = Field(1, ge=1, description="CPUs per server job")
-    memory: str = Field("4GB", description="memory per server job")
-    walltime: str = Field("", description="per server job; `\"\"`: `cluster.walltime`")
+    memory: MemoryAmount = Field("4GB", description="memory per server job")
+    walltime: WalltimeOrDefault = Field("", description=(
+        "per server job; `\"\"`: `cluster.walltime`"))
     port: StrictInt = Field(8300, ge=1, le=65535, description=(
         "server `i` listens on `port + i`"))
     host: str = Field("0.0.0.0", description="the servers' bind address on the node")
@@ -167,20 +199,8 @@ class ServersConfig(_Section):
     emulated: EmulatedServersConfig = Field(EmulatedServersConfig(), description=(
         "the emulator's settings, for `kind = \"emulated\"` and for `--emulate`"))
 
-    @field_validator("walltime")
-    @classmethod
-    def _walltime(cls, value: str) -> str:
-        if value:
-            walltime_seconds(value)
-        return value
-
-    @field_validator("memory")
-    @classmethod
-    def _memory(cls, value: str) -> str:
-        return memory_amount(value)
-
     @model_validator(mode="after")
-    def _consistent(self) -> "ServersConfig":
+    def _consistent(self) -> ServersConfig:
         if self.kind == "custom" and not self.command:
             raise ValueError('kind = "custom" needs command = "... --port {port} ..."')
         if self.kind in ("tgi", "vllm") and not self.model and not self.command:
@@ -188,7 +208,8 @@ class ServersConfig(_Section):
         if self.container != "none" and not self.image:
             raise ValueError(f'container = "{self.container}" needs image = "<.sif or docker://...>"')
         if self.port + self.nodes * self.per_node - 1 > 65535:
-            raise ValueError(f"port {self.port} + {self.nodes * self.per_node} servers passes 65535")
+            raise ValueError(f"port {self.port} + {self.nodes * self.per_node} servers "
+                             "passes 65535")
         return self
 
     @property
@@ -285,10 +306,10 @@ class SlurmClusterConfig(_WithDashboard):
     kind: Literal["slurm"] = "slurm"
     queue: str | None = Field(None, description="the SLURM partition (`--partition`)")
     account: str | None = Field(None, description="the SLURM account (`--account`)")
-    walltime: str = Field("01:00:00", description=(
+    walltime: Walltime = Field("01:00:00", description=(
         "per worker job (`HH:MM:SS`, `D-HH:MM:SS`)"))
     cores: StrictInt = Field(1, ge=1, description="per job, shared by its `processes`")
-    memory: str = Field("2GB", description="per job, shared by its `processes`")
+    memory: MemoryAmount = Field("2GB", description="per job, shared by its `processes`")
     processes: StrictInt = Field(1, ge=1, description="worker processes per job")
     jobs: StrictInt | None = Field(None, ge=0, description=(
         "a fixed number of worker jobs; not set: 1, or none while `adapt` is set"))
@@ -320,17 +341,6 @@ class SlurmClusterConfig(_WithDashboard):
     worker_lifetime_stagger: str = Field("auto", description=(
         "the workers' `--lifetime-stagger`; `\"auto\"`: 5 % of `walltime`, at most 5 min; "
         "`\"none\"`; or a duration"))
-
-    @field_validator("walltime")
-    @classmethod
-    def _walltime(cls, value: str) -> str:
-        walltime_seconds(value)
-        return value
-
-    @field_validator("memory")
-    @classmethod
-    def _memory(cls, value: str) -> str:
-        return memory_amount(value)
 
     @model_validator(mode="after")
     def _consistent(self) -> SlurmClusterConfig:
@@ -440,13 +450,3 @@ ClusterConfig = Annotated[
     Discriminator(_kind_of, custom_error_type=KIND_ERROR,
                   custom_error_message=f"Input should be {_one_of(list(CLUSTER_KINDS))}"),
 ]
-
-_cluster_adapter: TypeAdapter[Any] = TypeAdapter(ClusterConfig)
-
-
-def parse_cluster(raw: Any) -> LocalClusterConfig | AddressClusterConfig | SlurmClusterConfig:
-    """A ``[cluster]`` section (a dict, or JSON text) as its kind's model; ValidationError
-    otherwise."""
-    if isinstance(raw, str | bytes):
-        return _cluster_adapter.validate_json(raw)
-    return _cluster_adapter.validate_python(raw)

@@ -20,6 +20,7 @@ from simpipe.cluster.config import (
 )
 from simpipe.cluster.ctrl_c import PRELOAD as CTRL_C_PRELOAD
 from simpipe.cluster.ctrl_c import import_slurm_cluster, workers_ignore_sigint
+from simpipe.cluster.slurm import SlurmError, require_controller
 from simpipe.errors import SimpipeError
 
 
@@ -137,9 +138,7 @@ def _as_list(value: Any) -> list[Any]:
 def slurm_cluster(config: SlurmClusterConfig,
                   job_name: str = "simpipe-worker") -> Iterator[Any]:
     """A started ``SLURMCluster`` (no jobs yet); closing it cancels its jobs."""
-    SLURMCluster = import_slurm_cluster()  # noqa: N806 - a class
-
-    from simpipe.cluster.slurm import SlurmError, require_controller  # noqa: PLC0415
+    SLURMCluster = import_slurm_cluster()  # a class: named like one
 
     try:
         require_controller()

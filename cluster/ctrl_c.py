@@ -48,7 +48,7 @@ def import_slurm_cluster() -> type:
     its SLURMRunner's rank processes): in the client, Ctrl-C then ended a run with exit
     status 0 and its state "failed". The handler we had stays."""
     previous = signal.getsignal(signal.SIGINT)
-    from dask_jobqueue import SLURMCluster  # noqa: PLC0415 - only SLURM runs pay for it
+    from dask_jobqueue import SLURMCluster  # only SLURM runs pay for it
 
     if previous is not None and threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGINT, previous)

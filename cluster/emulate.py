@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from simpipe.cluster import slurm
-from simpipe.cluster.config import ServersConfig
+from simpipe.cluster.config import ServersConfig, memory_mib
 from simpipe.cluster.endpoints import is_local
 from simpipe.config import Config, config_from_dict
 from simpipe.errors import SimpipeError
@@ -66,7 +66,7 @@ class Site:
 
 def probe_site() -> Site:
     """Ask SLURM (and this machine) what a dry run can use."""
-    import psutil  # noqa: PLC0415 - a declared dependency, only needed here
+    import psutil  # a declared dependency, only needed here
 
     interfaces = frozenset(psutil.net_if_addrs())
     problem = slurm.controller_problem()
@@ -79,15 +79,6 @@ def probe_site() -> Site:
     except slurm.SlurmError as exc:
         return Site(str(exc), interfaces=interfaces)
     return Site(None, parts, local, interfaces)
-
-
-def _mb(text: str) -> float:
-    from simpipe.cluster.servers import ServerError, memory_mb  # noqa: PLC0415
-
-    try:
-        return float(memory_mb(text))
-    except ServerError:
-        return 0.0
 
 
 def _misfits(cluster: Any, site: Site) -> list[str]:
@@ -104,7 +95,7 @@ def _misfits(cluster: Any, site: Site) -> list[str]:
                 why.append(f"no interface {name!r} here ({key})")
     if cluster.cores > site.cpus:
         why.append(f"cluster.cores = {cluster.cores} > {site.cpus} CPUs per node")
-    if _mb(cluster.memory) > site.memory_mb:
+    if memory_mib(cluster.memory, "cluster.memory") > site.memory_mb:
         why.append(f"cluster.memory = {cluster.memory} > {site.memory_mb} MB per node")
     return why
 
@@ -211,10 +202,11 @@ def _place(config: Config, cluster: dict, servers: dict, site: Site, notes: list
     jobs = max(1, min(cfg.n_jobs * cfg.processes or 1, site.cpus))
     cores = max(1, min(cfg.cores // cfg.processes, site.cpus))
     # a quarter of a node for all workers: the node is shared (servers, other users' jobs)
-    memory_mb = int(min(_mb(cfg.memory) / cfg.processes, site.memory_mb / 4 / jobs))
+    memory_mb = int(min(memory_mib(cfg.memory, "cluster.memory") / cfg.processes,
+                        site.memory_mb / 4 / jobs))
     options = {k: v for k, v in cfg.scheduler_options.items() if k != "interface"}
     cluster.update(queue=None, account=None, jobs=jobs, adapt=None, processes=1, cores=cores,
-                   memory=f"{memory_mb}MB", interface="lo" if site.local_nodes else None,
+                   memory=f"{memory_mb}MiB", interface="lo" if site.local_nodes else None,
                    scheduler_options=options, job_extra_directives=[],
                    job_script_prologue=[], local_directory=None, python=None)
     servers["job_script_prologue"] = []
@@ -237,7 +229,8 @@ def _local_emulators(servers: dict, count: int, site: Site, notes: list[str]) ->
 def local_emulators(servers: ServersConfig) -> Iterator[list[str]]:
     """Emulator processes on this machine for ``[cluster.servers]`` (kind ``emulated``):
     ``gpus_per_process`` GPUs each, free ports; their URLs, one per emulated server."""
-    from simpipe.inference.emulator import EmulatorProcess  # noqa: PLC0415
+    # The emulator's server code: only when emulators run on this machine.
+    from simpipe.inference.emulator import EmulatorProcess
 
     emu = servers.emulated
     with ExitStack() as stack:

@@ -1,8 +1,10 @@
-"""Which inference endpoints are on this node: each worker prefers its own node's servers.
+"""Which inference endpoints are on this node (``is_local``).
 
-Why: on a GPU cluster a request to the server on the same node skips the network hop and
-keeps the load of each node's workers on that node's GPUs; the other nodes' servers are the
-fall-back when the local ones are down or saturated.
+Why it matters: on a GPU cluster a request to the server on the same node skips the network
+hop and keeps the load of each node's workers on that node's GPUs. The preference itself
+lives in the endpoint pool (``simpipe.inference.http.EndpointPool``): it sends each request
+to the least-loaded of this node's servers that has a free slot, and to the other nodes'
+servers only when every local one is down or saturated.
 
 On one machine every server is on this node. ``emulate_node`` tells a process which servers
 are its node's instead, so one machine can stand for several nodes (``simpipe bench fleet``:
@@ -28,7 +30,7 @@ def local_names() -> frozenset[str]:
     except OSError:
         pass  # an unresolvable hostname: interface addresses below still count
     try:
-        import psutil  # noqa: PLC0415 - a declared dependency, only needed here
+        import psutil  # a declared dependency, only needed here
 
         for addrs in psutil.net_if_addrs().values():
             names.update(a.address.split("%")[0] for a in addrs
@@ -51,6 +53,9 @@ def emulate_node(endpoints: Sequence[str] | None) -> None:
 
 
 def is_local(url: str, names: frozenset[str] | None = None) -> bool:
+    """Whether ``url``'s server is on this node: its host is one of ``names`` (default
+    ``local_names()``) or a loopback address; under ``emulate_node``, whether it is one of
+    that node's endpoints."""
     if _node_endpoints is not None and names is None:
         return url.rstrip("/") in _node_endpoints
     host = (urlsplit(url).hostname or "").lower()
@@ -61,17 +66,3 @@ def is_local(url: str, names: frozenset[str] | None = None) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
-
-
-def split_local(endpoints: Sequence[str],
-                names: frozenset[str] | None = None) -> tuple[list[str], list[str]]:
-    """(endpoints on this node, the others), each in the given order."""
-    local = [e for e in endpoints if is_local(e, names)]
-    remote = [e for e in endpoints if not is_local(e, names)]
-    return local, remote
-
-
-def prefer_local(endpoints: Sequence[str], names: frozenset[str] | None = None) -> list[str]:
-    """The endpoints with this node's first; the order the pool should try them in."""
-    local, remote = split_local(endpoints, names)
-    return local + remote

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -13,15 +12,17 @@ from typing import Any
 
 from simpipe.cluster import servers as srv
 from simpipe.cluster import slurm
-from simpipe.cluster.config import ClusterConfig, parse_cluster
+from simpipe.cluster.config import ClusterConfig
 from simpipe.cluster.process_identity import check_manager, signal_manager
 from simpipe.cluster.state import (
     StateError,
+    manager_log,
+    read_section,
     read_state,
     remove_state,
     state_path,
-    work_dir,
     worker_job_name,
+    write_section,
 )
 
 
@@ -37,10 +38,8 @@ def up(cfg: ClusterConfig, name: str,
             raise StateError(f"cluster {name!r} is already up (manager pid "
                              f"{old['manager_pid']}); `simpipe cluster down {name}` first")
         down(name)  # a stale state from a crashed manager: clean its jobs first
-    wd = work_dir(name)
-    (wd / "logs").mkdir(parents=True, exist_ok=True)
-    (wd / "cluster.json").write_text(cfg.model_dump_json(), encoding="utf-8")
-    log = open(wd / "manager.log", "ab")  # noqa: SIM115 - handed to the child
+    write_section(name, cfg)
+    log = open(manager_log(name), "ab")  # no `with`: handed to the child, closed below
     # A new session: the manager outlives this command and ignores the terminal's Ctrl-C.
     proc = subprocess.Popen([sys.executable, "-m", "simpipe.cluster.manager", name],
                             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -68,7 +67,7 @@ def up(cfg: ClusterConfig, name: str,
     error = ""
     if state_path(name).exists():
         error = read_state(name).get("error", "")
-    tail = _tail(wd / "manager.log")
+    tail = _tail(manager_log(name))
     down(name)
     raise StateError(f"cluster {name!r} did not come up: {error or 'manager exited'}"
                      + (f"\n{tail}" if tail and not error else ""))
@@ -90,7 +89,7 @@ def status(name: str) -> dict[str, Any]:
                               "workers": [], "servers": [], "jobs": []}
     if state.get("scheduler") and report["manager_alive"]:
         report["workers"] = _workers(state["scheduler"])
-    cfg = servers_config(name)
+    cfg = read_section(name).servers
     for s in state.get("servers", []):
         problem = srv.probe(s["url"], cfg) if s.get("url") else "not placed yet"
         report["servers"].append({"index": s["index"], "url": s.get("url", ""),
@@ -103,17 +102,8 @@ def status(name: str) -> dict[str, Any]:
     return report
 
 
-def servers_config(name: str) -> srv.ServersConfig:
-    """The ``[cluster.servers]`` cluster ``name`` was started with (defaults if unreadable)."""
-    try:
-        raw = json.loads((work_dir(name) / "cluster.json").read_text(encoding="utf-8"))
-        return parse_cluster(raw).servers
-    except (OSError, ValueError):
-        return srv.ServersConfig()
-
-
 def _workers(address: str) -> list[dict[str, Any]]:
-    from distributed import Client  # noqa: PLC0415
+    from distributed import Client  # only `cluster status` asks the workers
 
     try:
         with Client(address, timeout="10s") as client:

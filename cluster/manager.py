@@ -4,12 +4,11 @@ keeps the state file current, and on SIGTERM cancels every job it started.
 
     python -m simpipe.cluster.manager NAME
 
-reads ``<clusters>/<NAME>/cluster.json`` (the ``[cluster]`` section, nothing else).
+reads the ``[cluster]`` section ``simpipe cluster up`` kept (``simpipe.cluster.state``).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import signal
 import sys
@@ -21,10 +20,9 @@ from distributed import Client
 
 from simpipe.cluster import servers as srv
 from simpipe.cluster import slurm
-from simpipe.cluster.config import SlurmClusterConfig
 from simpipe.cluster.connect import slurm_cluster, start_workers
 from simpipe.cluster.process_identity import own_identity
-from simpipe.cluster.state import update_state, work_dir, worker_job_name
+from simpipe.cluster.state import job_log_dir, read_section, update_state, worker_job_name
 from simpipe.errors import SimpipeError
 
 REFRESH_S = 2.0
@@ -35,10 +33,18 @@ def _worker_jobs(cluster: Any) -> list[str]:
                   if getattr(job, "job_id", None))
 
 
+def _failed(name: str, exc: Exception) -> int:
+    update_state(name, state="failed", error=str(exc))
+    print(f"cluster {name} failed: {exc}", file=sys.stderr, flush=True)
+    return 1
+
+
 def serve(name: str) -> int:
-    cfg = SlurmClusterConfig.model_validate(
-        json.loads((work_dir(name) / "cluster.json").read_text(encoding="utf-8")))
-    log_dir = str(work_dir(name) / "logs")
+    try:
+        cfg = read_section(name)
+    except SimpipeError as exc:
+        return _failed(name, exc)
+    log_dir = str(job_log_dir(name))
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
@@ -78,9 +84,7 @@ def serve(name: str) -> int:
                     jobs_seen = now
             update_state(name, state="stopping")
     except (SimpipeError, OSError, TimeoutError) as exc:
-        update_state(name, state="failed", error=str(exc))
-        print(f"cluster {name} failed: {exc}", file=sys.stderr, flush=True)
-        return 1
+        return _failed(name, exc)
     finally:
         # The SLURMCluster has cancelled its worker jobs on exit; the servers are ours.
         slurm.cancel([s.job_id for s in servers])

@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-
 PID_MAX = 2**31 - 1  # pid_t is a signed 32-bit int
 
 

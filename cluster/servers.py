@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from simpipe.cluster import slurm
-from simpipe.cluster.config import ClusterConfig, ServersConfig
+from simpipe.cluster.config import ClusterConfig, ServersConfig, memory_mib
 from simpipe.errors import SimpipeError
 
 TEMPLATES: dict[str, str] = {
@@ -129,7 +129,7 @@ def server_job_script(cluster: ClusterConfig, cluster_name: str, index: int,
         "#SBATCH --nodes=1",
         "#SBATCH --ntasks=1",
         f"#SBATCH --cpus-per-task={cfg.cpus_per_server}",
-        f"#SBATCH --mem={_slurm_memory(cfg.memory)}",
+        f"#SBATCH --mem={memory_mib(cfg.memory, 'cluster.servers.memory')}M",
         f"#SBATCH --time={cfg.walltime or cluster.walltime}",
     ]
     # Emulated GPUs need none: gpus_per_server is then what each emulated server stands for.
@@ -144,20 +144,6 @@ def server_job_script(cluster: ClusterConfig, cluster_name: str, index: int,
     # exec: scancel's SIGTERM reaches the server itself, which shuts down cleanly.
     lines.append("exec " + server_command(cfg, port, first, cluster.python, in_job))
     return "\n".join(lines) + "\n"
-
-
-def memory_mb(text: str) -> int:
-    """``4GB`` / ``4GiB`` / ``4096MB`` -> megabytes; ServerError if it is no size."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(i?B)?\s*", text, re.IGNORECASE)
-    if not m:
-        raise ServerError(f"cluster.servers.memory = {text!r}: use e.g. \"4GB\"")
-    value, unit = float(m.group(1)), (m.group(2) or "M").upper()
-    return max(1, int(value * {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}[unit]))
-
-
-def _slurm_memory(text: str) -> str:
-    """SLURM's ``--mem`` (megabytes, ``M`` suffix)."""
-    return f"{memory_mb(text)}M"
 
 
 def launch(cluster: ClusterConfig, cluster_name: str, log_dir: str | None = None) -> list[Server]:

@@ -72,11 +72,6 @@ def cancel(job_ids: list[str] | tuple[str, ...]) -> None:
                 raise
 
 
-def cancel_named(name: str) -> None:
-    """Cancel this user's jobs called exactly ``name``."""
-    _run(["scancel", "--name", name])
-
-
 @dataclass(frozen=True)
 class JobInfo:
     job_id: str

@@ -1,22 +1,36 @@
-"""Persistent clusters on disk: ``$SIMPIPE_HOME/clusters/<name>.json`` (default
-``~/.simpipe/clusters``), written by the manager process of ``simpipe cluster up``.
+"""Persistent clusters on disk, under ``$SIMPIPE_HOME/clusters/`` (default
+``~/.simpipe/clusters``); the only module that spells these paths:
 
-The file is what other commands need to find and reuse the cluster: the scheduler address,
-the SLURM job names and ids, the server endpoints, the manager's pid.
+- ``<name>.json``, the state, written by the manager process of ``simpipe cluster up``: what
+  other commands need to find and reuse the cluster (the scheduler address, the SLURM job
+  names and ids, the server endpoints, the manager's identity);
+- ``<name>/cluster.json``, the ``[cluster]`` section the cluster was started with (the
+  manager builds the cluster from it; status probes and runs read its servers' settings);
+- ``<name>/manager.log`` and ``<name>/logs/``, the manager's output and its jobs' logs.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
+from simpipe.cluster.config import SlurmClusterConfig
 from simpipe.cluster.process_identity import is_process_id
 from simpipe.errors import SimpipeError
+from simpipe.files import write_json_atomic
+from simpipe.integrity import (
+    CorruptFile,
+    ProcessId,
+    StrictRecord,
+    read_json_record,
+)
 
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+MAX_STATE_BYTES = 2**20  # a state file lists jobs and servers: kilobytes
 
 
 class StateError(SimpipeError, RuntimeError):
@@ -24,7 +38,9 @@ class StateError(SimpipeError, RuntimeError):
 
 
 def simpipe_home() -> Path:
-    return Path(os.environ.get("SIMPIPE_HOME") or Path.home() / ".simpipe")
+    """``$SIMPIPE_HOME`` (``~`` expanded), or ``~/.simpipe`` when unset or empty: the
+    clusters here, and the embedded model (``simpipe.inference.llamacpp``)."""
+    return Path(os.environ.get("SIMPIPE_HOME") or "~/.simpipe").expanduser()
 
 
 def clusters_dir() -> Path:
@@ -42,32 +58,95 @@ def state_path(name: str) -> Path:
     return clusters_dir() / f"{check_name(name)}.json"
 
 
-def work_dir(name: str) -> Path:
+def _work_dir(name: str) -> Path:
     """Logs and the cluster section the manager reads."""
     return clusters_dir() / check_name(name)
 
 
-def read_state(name: str) -> dict[str, Any]:
-    path = state_path(name)
+def section_path(name: str) -> Path:
+    """The ``[cluster]`` section cluster ``name`` was started with."""
+    return _work_dir(name) / "cluster.json"
+
+
+def manager_log(name: str) -> Path:
+    return _work_dir(name) / "manager.log"
+
+
+def job_log_dir(name: str) -> Path:
+    """Where the cluster's SLURM jobs write their output (unless cluster.log_directory)."""
+    return _work_dir(name) / "logs"
+
+
+def write_section(name: str, cluster: SlurmClusterConfig) -> None:
+    """Keep the section for the manager; the work folder and its logs folder are created."""
+    job_log_dir(name).mkdir(parents=True, exist_ok=True)
+    section_path(name).write_text(cluster.model_dump_json(), encoding="utf-8")
+
+
+def read_section(name: str) -> SlurmClusterConfig:
+    """The section ``write_section`` kept; StateError naming the file when it is missing or
+    is not a SLURM cluster section."""
+    path = section_path(name)
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return SlurmClusterConfig.model_validate_json(path.read_bytes())
     except FileNotFoundError:
-        known = sorted(p.stem for p in clusters_dir().glob("*.json")) if clusters_dir().is_dir() else []
+        problem = "missing"
+    except OSError as exc:
+        problem = f"unreadable ({exc.strerror or exc})"
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"])
+        problem = ("not the [cluster] section of a SLURM cluster "
+                   f"({f'{where}: ' if where else ''}{err['msg']})")
+    raise StateError(f"{path}: {problem}; `simpipe cluster down {name}` cleans the cluster up, "
+                     f"then `simpipe cluster up CONFIG --name {name}` starts it again")
+
+
+class _Server(StrictRecord):
+    index: int
+    job_id: str | int
+    url: str | None = None
+    healthy: bool | None = None
+
+
+class _ClusterState(StrictRecord):
+    """The fields of a state file that commands and the web UI use, with their types."""
+
+    state: str = "unknown"
+    scheduler: str | None = None
+    dashboard: str | None = None
+    manager_pid: ProcessId | None = None
+    error: str | None = None
+    worker_jobs: list[str | int] = []
+    servers: list[_Server] = []
+    worker_job_name: str | None = None
+    server_job_name: str | None = None
+
+
+def read_state_file(path: Path) -> dict[str, Any]:
+    """A state file, checked: CorruptFile when it is missing, too big, not a JSON object or
+    a field has the wrong type (the web UI reads any file in the folder this way)."""
+    return read_json_record(path, _ClusterState, MAX_STATE_BYTES)
+
+
+def read_state(name: str) -> dict[str, Any]:
+    """Cluster ``name``'s state; StateError saying what to do when it is missing or broken."""
+    path = state_path(name)
+    if not path.exists():
+        folder = clusters_dir()
+        known = sorted(p.stem for p in folder.glob("*.json")) if folder.is_dir() else []
         raise StateError(f"no cluster named {name!r} ({path} missing); start one with "
                          f"`simpipe cluster up CONFIG --name {name}`"
-                         + (f"; known: {', '.join(known)}" if known else "")) from None
-    except (OSError, ValueError) as exc:
-        raise StateError(f"{path}: unreadable cluster state ({exc}); `simpipe cluster down "
-                         f"{name}` cleans it up") from None
+                         + (f"; known: {', '.join(known)}" if known else ""))
+    try:
+        return read_state_file(path)
+    except CorruptFile as exc:
+        raise StateError(f"{exc}; `simpipe cluster down {name}` cleans it up") from None
 
 
 def write_state(name: str, data: dict[str, Any]) -> None:
     """Atomic: readers never see half a file."""
-    path = state_path(name)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True), encoding="utf-8")
-    os.replace(tmp, path)
+    write_json_atomic(data, state_path(name))
 
 
 def update_state(name: str, **changes: Any) -> dict[str, Any]:

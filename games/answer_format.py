@@ -13,7 +13,7 @@ The number form (documented; the tests pin it):
   zeros may follow (``100``, ``100.0``, ``100.00``, never ``100.5``); for negative numbers the
   same holds at the lower bound.
 
-For ``low=0, high=100`` the GBNF is exactly (the grammar FACTS.md measured, plus the space)::
+For ``low=0, high=100`` the GBNF is exactly::
 
     root ::= " "? number
     number ::= "100" | [1-9] [0-9] | [0-9]
@@ -365,8 +365,10 @@ class IntegerAnswers:
 
     @staticmethod
     def _matches(digits: str, pattern: _Pattern) -> bool:
+        # A prefix of the pattern: zip stops at the end of ``digits``.
         return len(digits) <= len(pattern) and all(
-            c.isdigit() and lo <= int(c) <= hi for c, (lo, hi) in zip(digits, pattern))
+            c.isdigit() and lo <= int(c) <= hi
+            for c, (lo, hi) in zip(digits, pattern, strict=False))
 
     def is_prefix(self, text: str) -> bool:
         """Whether some admitted answer starts with ``text`` (the empty string is one)."""

@@ -84,7 +84,7 @@ class IntegerAttribute(_Section):
         "the normal's standard deviation; only with `distribution = \"normal\"`"))
 
     @model_validator(mode="after")
-    def _order(self) -> "IntegerAttribute":
+    def _order(self) -> IntegerAttribute:
         if self.min > self.max:
             raise ValueError(f"min ({self.min}) must be <= max ({self.max})")
         if self.distribution == "normal":
@@ -178,7 +178,7 @@ class PersonaConfig(_Section):
         "the embedded llama.cpp with its default model. Sampling is set by the keys above"))
 
     @model_validator(mode="after")
-    def _bounds(self) -> "PersonaConfig":
+    def _bounds(self) -> PersonaConfig:
         if self.min_chars > self.max_chars:
             raise ValueError(f"min_chars ({self.min_chars}) must be <= max_chars "
                              f"({self.max_chars})")
@@ -273,7 +273,7 @@ class PopulationConfig(_Section):
         return attrs
 
     @model_validator(mode="after")
-    def _one_split(self) -> "PopulationConfig":
+    def _one_split(self) -> PopulationConfig:
         if self.partitions is not None and self.partition_size is not None:
             raise ValueError("set population.partitions or population.partition_size, not both")
         return self
@@ -295,7 +295,7 @@ class PopulationConfig(_Section):
         return self
 
     @model_validator(mode="after")
-    def _persona_names(self) -> "PopulationConfig":
+    def _persona_names(self) -> PopulationConfig:
         persona = self.persona
         allowed = ["agent_id", *self.attributes]
         if persona.template is not None:

@@ -22,7 +22,8 @@ def template_fields(template: str) -> list[str]:
     try:
         parts = list(_FORMATTER.parse(template))
     except ValueError as exc:
-        raise ValueError(f"not a valid template ({exc}); write literal braces as {{{{ }}}}") from None
+        raise ValueError(f"not a valid template ({exc}); "
+                         "write literal braces as {{ }}") from None
     names: list[str] = []
     for _literal, name, spec, conversion in parts:
         if name is None:

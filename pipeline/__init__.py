@@ -11,6 +11,7 @@ The notebook API mirrors the CLI::
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 __version__ = "0.1.0"
@@ -37,6 +38,5 @@ def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'simpipe' has no attribute {name!r}")
-    import importlib  # noqa: PLC0415
 
     return getattr(importlib.import_module(module), name)

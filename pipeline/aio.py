@@ -23,7 +23,7 @@ _gc_was_enabled = True
 
 def _new_loop() -> asyncio.AbstractEventLoop:
     try:
-        import uvloop  # noqa: PLC0415 - optional: absent on Windows
+        import uvloop  # optional: absent on Windows
 
         return uvloop.new_event_loop()
     except ImportError:

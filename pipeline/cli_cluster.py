@@ -1,12 +1,14 @@
 """``simpipe cluster up | status | down``, ``simpipe sbatch`` and its hidden ``batch-task``.
 
 The work is in ``simpipe.cluster`` and ``simpipe.orchestration``; their errors are
-SimpipeErrors, which the ``simpipe`` group prints as one-line messages.
+SimpipeErrors, which the ``simpipe`` group prints as one-line messages. Each command
+imports what it runs inside its own function (``simpipe --help`` stays light).
 """
 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import click
@@ -31,10 +33,8 @@ def cluster_group() -> None:
 def cluster_up(config_path: str, name: str | None, emulate: bool,
                overrides: tuple[str, ...]) -> None:
     """Start the scheduler, SLURM worker jobs and server jobs of CONFIG's [cluster]."""
-    import time  # noqa: PLC0415
-
-    from simpipe.cluster import lifecycle  # noqa: PLC0415
-    from simpipe.orchestration import emulated  # noqa: PLC0415
+    from simpipe.cluster import lifecycle
+    from simpipe.orchestration import emulated
 
     config = load(config_path, overrides)
     if emulate:
@@ -48,11 +48,13 @@ def cluster_up(config_path: str, name: str | None, emulate: bool,
     started = time.perf_counter()
     state = lifecycle.up(cluster, name,
                          on_progress=lambda phase: click.echo(f"cluster {name}: {phase}"))
+    jobs = ", ".join(state.get("worker_jobs", [])) or "-"
     click.echo(f"cluster {name} up in {time.perf_counter() - started:.1f} s: scheduler "
-               f"{state['scheduler']}, worker jobs {', '.join(state.get('worker_jobs', [])) or '-'}")
+               f"{state['scheduler']}, worker jobs {jobs}")
     for s in state.get("servers", []):
         click.echo(f"  server {s['index']}: {s['url']} (job {s['job_id']})")
-    click.echo(f"use it: simpipe run CONFIG --cluster {name};  stop it: simpipe cluster down {name}")
+    click.echo(f"use it: simpipe run CONFIG --cluster {name};  "
+               f"stop it: simpipe cluster down {name}")
 
 
 @cluster_group.command("status")
@@ -60,7 +62,7 @@ def cluster_up(config_path: str, name: str | None, emulate: bool,
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def cluster_status(name: str, as_json: bool) -> None:
     """Workers, servers and SLURM jobs of cluster NAME."""
-    from simpipe.cluster import lifecycle  # noqa: PLC0415
+    from simpipe.cluster import lifecycle
 
     report = lifecycle.status(name)
     if as_json:
@@ -87,7 +89,7 @@ def cluster_status(name: str, as_json: bool) -> None:
 @click.argument("name")
 def cluster_down(name: str) -> None:
     """Cancel every job of cluster NAME, stop its manager, remove its state."""
-    from simpipe.cluster import lifecycle  # noqa: PLC0415
+    from simpipe.cluster import lifecycle
 
     cancelled = lifecycle.down(name)
     click.echo(f"cluster {name} down; cancelled {len(cancelled)} job(s)"
@@ -118,7 +120,7 @@ def sbatch_command(config_path: str, nodes: int, gpus_per_node: int, workers_per
                    walltime: str | None, mem: str | None, overcommit: bool, job_log: str | None,
                    output: str | None, overrides: tuple[str, ...]) -> None:
     """Write a batch script that runs CONFIG inside one SLURM allocation."""
-    from simpipe.cluster.batch import BatchOptions, batch_script  # noqa: PLC0415
+    from simpipe.cluster.batch import BatchOptions, batch_script
 
     config = load(config_path, overrides)
     if config.cluster.kind != "slurm":
@@ -151,7 +153,7 @@ def sbatch_command(config_path: str, nodes: int, gpus_per_node: int, workers_per
 @set_option
 def batch_task(config_path: str, overrides: tuple[str, ...]) -> None:
     """One srun task of a `simpipe sbatch` job (scheduler, client or worker by rank)."""
-    from simpipe.batch_run import run_batch_task  # noqa: PLC0415 - heavy: dask-jobqueue
+    from simpipe.batch_run import run_batch_task  # heavy: dask-jobqueue
 
     result = run_batch_task(load(config_path, overrides))
     if result is not None:

@@ -39,6 +39,6 @@ set_option = click.option(
 
 def load(config_path: str, overrides: tuple[str, ...] | list[str]) -> Config:
     """CONFIG with its ``--set`` overrides applied; ConfigError (exit 2) naming the problem."""
-    from simpipe.config import load_config  # noqa: PLC0415 - pydantic: not for --help
+    from simpipe.config import load_config  # pydantic: not for --help
 
     return load_config(config_path, list(overrides))

@@ -1,4 +1,8 @@
-"""``simpipe population show DIR``: a built population against the spec it was built from."""
+"""``simpipe population show DIR``: a built population against the spec it was built from.
+
+The command imports numpy, pandas and the checks inside its function: ``simpipe --help``
+stays light.
+"""
 
 from __future__ import annotations
 
@@ -27,11 +31,11 @@ def _population_dir(path: Path) -> Path | None:
 def population_show(directory: str, samples: int) -> None:
     """Counts per attribute (and per parent label) against the requested shares, a
     chi-square p-value for random sampling, and a few sample personas."""
-    import numpy as np  # noqa: PLC0415 - keep `simpipe --help` light
-    import pandas as pd  # noqa: PLC0415
+    import numpy as np  # keep `simpipe --help` light
+    import pandas as pd
 
-    from simpipe.personas.checks import attribute_report  # noqa: PLC0415
-    from simpipe.personas.config import ConditionalAttribute, PopulationConfig  # noqa: PLC0415
+    from simpipe.personas.checks import attribute_report
+    from simpipe.personas.config import ConditionalAttribute, PopulationConfig
 
     pop_dir = _population_dir(Path(directory))
     if pop_dir is None:

@@ -33,11 +33,8 @@ from pydantic import (
 from simpipe.backends import (
     BACKEND_NAMES,
     BACKENDS,
-    DEPTH_LIMIT,  # noqa: F401 - re-exported: the bounds of [agents.scripted]
-    LATENCY_LIMIT_S,  # noqa: F401
     LLM_BACKENDS,
     BackendPlugin,
-    ScriptedSettings,  # noqa: F401 - re-exported
 )
 from simpipe.cluster.config import KIND_ERROR, ClusterConfig, LocalClusterConfig
 from simpipe.errors import SimpipeError
@@ -45,7 +42,6 @@ from simpipe.games.config import AnyGameConfig, BeautyContestConfig, GameConfig
 from simpipe.games.registry import game_for
 from simpipe.inference.settings import SamplingSettings
 from simpipe.personas.config import PopulationConfig, attribute_labels
-
 
 # The largest TOML integer. Every use of the seed takes it: numpy's SeedSequence (any
 # integer >= 0) and the per-agent request seeds, computed in uint64 (simpipe.agents.llm).
@@ -185,7 +181,7 @@ class Config(_Section):
                                    "log_directory": str(run_job_log_dir(output_dir, name))}}
 
     @model_validator(mode="after")
-    def _depth_shift_names(self) -> "Config":
+    def _depth_shift_names(self) -> Config:
         attrs = self.population.attributes
         for attr, shifts in self.agents.scripted.depth_shift.items():
             if attr not in attrs:
@@ -204,13 +200,13 @@ class Config(_Section):
         return self
 
     @model_validator(mode="after")
-    def _persona_agents(self) -> "Config":
+    def _persona_agents(self) -> Config:
         if self.population.persona.mode == "llm":
             persona_agents_config(self.population.persona.agents)
         return self
 
     @property
-    def persona_agents(self) -> "AgentsConfig":
+    def persona_agents(self) -> AgentsConfig:
         """The back-end that writes LLM personas (``population.persona.agents``)."""
         return persona_agents_config(self.population.persona.agents)
 
@@ -230,8 +226,9 @@ class Config(_Section):
         spec = self.population.model_dump(mode="json", exclude={"persona": {"agents"}})
         data: dict[str, Any] = {"seed": self.run.seed, "population": spec}
         if self.population.persona.mode == "llm":
-            from simpipe.persona_build import generator_identity  # noqa: PLC0415 - no cycle
-            from simpipe.personas.meta_prompt import prompt_hash  # noqa: PLC0415
+            # Here, not at the top: persona_build imports this module.
+            from simpipe.persona_build import generator_identity
+            from simpipe.personas.meta_prompt import prompt_hash
 
             data["persona_generator"] = generator_identity(self.persona_agents)
             data["persona_prompt"] = prompt_hash()
@@ -308,7 +305,8 @@ def config_from_dict(raw: dict, source: str = "config") -> Config:
     try:
         return Config.model_validate(raw)
     except ValidationError as exc:
-        raise ConfigError("\n".join(f"{source}: {line}" for line in _error_lines(exc, raw))) from None
+        lines = _error_lines(exc, raw)
+        raise ConfigError("\n".join(f"{source}: {line}" for line in lines)) from None
 
 
 def apply_override(raw: dict, item: str) -> None:

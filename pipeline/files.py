@@ -27,7 +27,8 @@ def _temp_for(path: Path) -> Path:
 
 def write_parquet_atomic(frame: pd.DataFrame | pa.Table, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    table = frame if isinstance(frame, pa.Table) else pa.Table.from_pandas(frame, preserve_index=False)
+    table = (frame if isinstance(frame, pa.Table)
+             else pa.Table.from_pandas(frame, preserve_index=False))
     tmp = _temp_for(path)
     try:
         pq.write_table(table, tmp)

@@ -7,7 +7,6 @@ file exists (files are written atomically, so existence is the completion marker
 
 from __future__ import annotations
 
-import json
 import shutil
 import time
 from datetime import UTC, datetime
@@ -18,6 +17,7 @@ from typing import Any
 from simpipe.config import Config
 from simpipe.errors import SimpipeError
 from simpipe.files import write_json_atomic
+from simpipe.integrity import MAX_LEDGER_BYTES, CorruptFile, StrictRecord, read_json_record
 from simpipe.layout import RunPaths, is_run_entry
 
 
@@ -49,7 +49,7 @@ class Ledger:
         self._last_progress_save = 0.0
 
     @classmethod
-    def new(cls, paths: RunPaths, config: Config) -> "Ledger":
+    def new(cls, paths: RunPaths, config: Config) -> Ledger:
         data = {
             "name": config.run.name,
             "config_hash": config.results_hash(),
@@ -70,10 +70,6 @@ class Ledger:
         ledger = cls(paths, data)
         ledger.save()
         return ledger
-
-    @classmethod
-    def load(cls, paths: RunPaths) -> "Ledger":
-        return cls(paths, json.loads(paths.ledger.read_text(encoding="utf-8")))
 
     def save(self) -> None:
         self.data["updated_at"] = _now()
@@ -161,15 +157,20 @@ def _not_started(root: Path) -> bool:
                for p in root.iterdir())
 
 
+class _RunMarks(StrictRecord):
+    """What makes a ``run.json`` simpipe's: a run with other fields damaged is still one
+    (``--force`` replaces it; ``simpipe.integrity.read_ledger`` refuses to resume it)."""
+
+    config_hash: str
+    rounds: dict[str, Any]
+
+
 def _ledger_data(path: Path) -> dict[str, Any] | None:
     """``run.json`` as simpipe writes it, or None for a missing, unreadable or foreign file."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        return read_json_record(path, _RunMarks, MAX_LEDGER_BYTES)
+    except CorruptFile:
         return None
-    valid = (isinstance(data, dict) and isinstance(data.get("config_hash"), str)
-             and isinstance(data.get("rounds"), dict))
-    return data if valid else None
 
 
 def _remove_run(root: Path) -> None:

@@ -32,7 +32,7 @@ class PeakMemory:
             self.peak_bytes = max(self.peak_bytes, tree_rss_bytes())
             self._stop.wait(self.interval_s)
 
-    def __enter__(self) -> "PeakMemory":
+    def __enter__(self) -> PeakMemory:
         self._thread.start()
         return self
 

@@ -19,6 +19,11 @@ import os
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 
+from simpipe.cluster import servers as srv
+from simpipe.cluster import slurm
+from simpipe.cluster.emulate import Site, emulate_config, local_emulators, probe_site
+from simpipe.cluster.servers import ServerError
+from simpipe.cluster.state import StateError, read_section, read_state, run_target
 from simpipe.config import Config, ConfigError, config_from_dict
 from simpipe.console import Console
 
@@ -41,8 +46,6 @@ def emulated(config: Config, *, place: bool = True, console: Console | None = No
     """``--emulate``'s dry-run config (``simpipe.cluster.emulate.emulate_config``), its notes
     said one line each. ``place``: also decide where workers and emulators run (asks SLURM);
     not for a persistent cluster, which already runs."""
-    from simpipe.cluster.emulate import Site, emulate_config, probe_site  # noqa: PLC0415
-
     config, notes = emulate_config(config, probe_site() if place else Site(None), place)
     for note in notes:
         (console or Console()).line(note)
@@ -54,11 +57,8 @@ def on_cluster(config: Config, name: str, *, emulate: bool = False) -> Config:
     scheduler, and its healthy servers as ``agents.<backend>.endpoints``. The rest of
     ``[cluster]`` described that cluster when it was started; only emulated servers stay
     (the estimate of the real run is made from them)."""
-    from simpipe.cluster.lifecycle import servers_config  # noqa: PLC0415
-    from simpipe.cluster.state import StateError, read_state, run_target  # noqa: PLC0415
-
     state = read_state(name)
-    if servers_config(name).kind == "emulated" and not emulate:
+    if read_section(name).servers.kind == "emulated" and not emulate:
         raise StateError(f"cluster {name!r} serves emulated GPUs: add --emulate "
                          "(its results then go to <run.name>-emulated)")
     scheduler, endpoints = run_target(state, config.agents.backend)
@@ -102,9 +102,6 @@ def with_endpoints(config: Config, backend: str, urls: list[str]) -> Config:
 @contextmanager
 def _server_jobs(config: Config, console: Console) -> Iterator[list[str]]:
     """One SLURM job per server (or per emulator process), healthy; cancelled on exit."""
-    from simpipe.cluster import servers as srv  # noqa: PLC0415
-    from simpipe.cluster import slurm  # noqa: PLC0415
-
     cluster = config.cluster
     slurm.require_controller()
     launched: list[srv.Server] = []
@@ -124,9 +121,6 @@ def _server_jobs(config: Config, console: Console) -> Iterator[list[str]]:
 @contextmanager
 def _local_emulators(config: Config, console: Console) -> Iterator[list[str]]:
     """Emulated servers as processes on this machine; stopped on exit."""
-    from simpipe.cluster.emulate import local_emulators  # noqa: PLC0415
-    from simpipe.cluster.servers import ServerError  # noqa: PLC0415
-
     with ExitStack() as stack:
         try:
             urls = stack.enter_context(local_emulators(config.cluster.servers))

@@ -69,7 +69,8 @@ def _count(n: int) -> None:
 
 def _records(frame: pd.DataFrame, names: list[str]) -> list[dict]:
     columns = {name: frame[name].astype(object).tolist() for name in names}
-    return [dict(zip(names, values)) for values in zip(*columns.values())]
+    return [dict(zip(names, values, strict=True))
+            for values in zip(*columns.values(), strict=True)]
 
 
 def add_personas(frame: pd.DataFrame, population: PopulationConfig, seed: int,
@@ -118,14 +119,14 @@ def _llm_personas(frame: pd.DataFrame, population: PopulationConfig, seed: int,
             GenerationRequest(prompt=prompts[i], max_tokens=persona.max_tokens,
                               temperature=persona.temperature, top_p=persona.top_p,
                               seed=int(s), stop=meta_prompt.stop_sequences())
-            for i, s in zip(pending, seeds.tolist())
+            for i, s in zip(pending, seeds.tolist(), strict=True)
         ]
         # One batched call per attempt: the back-end overlaps the whole partition itself.
         results = run_async(backend.generate(requests))
         _count(len(requests))
         stats.llm_requests += len(requests)
         still = []
-        for i, result in zip(pending, results):
+        for i, result in zip(pending, results, strict=True):
             stats.tokens_out += result.tokens_out
             if result.status != "ok":
                 stats.rejected["back-end error"] += 1

@@ -83,7 +83,7 @@ class RunResult:
     round_times: list[float] = field(default_factory=list)
 
     def rounds(self) -> pd.DataFrame:
-        from simpipe.results import read_rounds  # noqa: PLC0415 - avoid a cycle at import
+        from simpipe.results import read_rounds  # avoid a cycle at import
 
         return read_rounds(self.run_dir)
 
@@ -241,7 +241,8 @@ def _play_round(client: Client, config: Config, paths: RunPaths, ledger: Ledger,
                 agents_done += outcome.n_agents
                 bar.update(1)
             ledger.record_progress(r, len(outcomes), len(futures), agents_done,
-                                   time.perf_counter() - started, force=len(outcomes) == len(futures))
+                                   time.perf_counter() - started,
+                                   force=len(outcomes) == len(futures))
             if paths.cancel_flag.exists() and len(outcomes) < len(futures):
                 # Finished partitions are on disk; --resume skips them and replays the rest.
                 client.cancel(futures)

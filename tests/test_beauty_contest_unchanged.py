@@ -9,11 +9,12 @@ import hashlib
 import numpy as np
 import pandas as pd
 import pytest
-from support import REPO, small_config
 
 from simpipe.console import Console
 from simpipe.results import read_rounds, read_summary
 from simpipe.runner import run_simulation
+
+from support import REPO, small_config
 
 DATA = REPO / "tests" / "data"
 CASES = {

@@ -10,9 +10,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from support import REPO, SCRIPTED, one_error_line, simpipe_cli
-
 from simpipe.errors import IMPORTABLE_EVERYWHERE
+
+from support import REPO, SCRIPTED, one_error_line, simpipe_cli
 
 
 def test_population_show_of_a_damaged_spec_file_is_one_line(tmp_path: Path) -> None:

@@ -4,11 +4,13 @@ allowed range on one line; values at the documented bounds are accepted and work
 import numpy as np
 import pytest
 
-from support import SCRIPTED, one_error_line, simpipe_cli
 from simpipe.agents.llm import agent_seeds
 from simpipe.config import SEED_MAX, load_config
 from simpipe.personas.config import MAX_PARTITION_AGENTS, MAX_POPULATION
 from simpipe.personas.sampling import exact_partition_counts, largest_remainder, partition_bounds
+
+from support import SCRIPTED, one_error_line, simpipe_cli
+
 
 # Each of these passed `simpipe validate` and then crashed `simpipe run` with a traceback
 # (or, for game.rounds = true, silently played one round).

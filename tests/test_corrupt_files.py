@@ -11,7 +11,6 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from click.testing import CliRunner
-from support import small_config
 
 from simpipe.cli import main
 from simpipe.config import Config
@@ -21,6 +20,8 @@ from simpipe.layout import RunPaths
 from simpipe.ledger import RunDirError
 from simpipe.results import read_rounds, read_summary
 from simpipe.runner import run_simulation
+
+from support import small_config
 
 QUIET = Console(quiet=True)
 

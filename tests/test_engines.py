@@ -10,7 +10,6 @@ import logging
 import psutil
 import pytest
 from distributed import Client, LocalCluster
-from support import small_config
 
 from simpipe.agents.registry import (
     close_engines_on_shutdown,
@@ -27,6 +26,8 @@ from simpipe.inference.base import Backend, GenerationRequest
 from simpipe.inference.stub_server import StubProcess
 from simpipe.results import read_population, read_rounds
 from simpipe.runner import run_simulation
+
+from support import small_config
 
 
 def _open_connections(port: int) -> int:

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from simpipe.estimate import (
     StatsError,
     estimate,

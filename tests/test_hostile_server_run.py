@@ -9,14 +9,15 @@ import json
 import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
-from hostile_server import HostileServer, Request, http, ok_json, tgi_answer
-from support import small_config
 
 from simpipe.agents.llm import agent_seeds
 from simpipe.console import Console
 from simpipe.layout import RunPaths
 from simpipe.results import read_ledger, read_rounds
 from simpipe.runner import run_simulation
+
+from hostile_server import HostileServer, Request, http, ok_json, tgi_answer
+from support import small_config
 
 LONG_TEXT = "x" * 5000 + " 33"
 # Each request gets the answer of its seed % 10 (seeds are agent_seeds: fixed per run seed).

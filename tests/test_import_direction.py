@@ -9,6 +9,7 @@ import ast
 from pathlib import Path
 
 import pytest
+
 from support import REPO
 
 DOMAIN = ("simpipe.games", "simpipe.personas")

@@ -9,14 +9,15 @@ import time
 
 import numpy as np
 import pytest
-from support import small_config
 from distributed import Client, LocalCluster
 
 from simpipe.console import Console
-from simpipe.inference.server_process import ServerProcess
+from simpipe.inference.llamacpp_server import LlamaCppProcess
 from simpipe.layout import RunPaths
 from simpipe.results import read_ledger, read_population, read_rounds, read_summary
 from simpipe.runner import run_simulation
+
+from support import small_config
 
 pytestmark = [pytest.mark.llm, pytest.mark.slow]
 QUIET = Console(quiet=True)
@@ -121,7 +122,7 @@ def test_reproducible_per_agent_calls_give_the_same_guesses(llm_client, tmp_path
 
 
 def test_openai_backend_survives_a_server_killed_mid_round(tmp_path):
-    with ServerProcess(parallel=2) as first, ServerProcess(parallel=2) as second:
+    with LlamaCppProcess(parallel=2) as first, LlamaCppProcess(parallel=2) as second:
         config = llm_config(
             tmp_path, population={"size": 24, "partitions": 4}, game={"rounds": 1},
             agents={"backend": "openai",

@@ -10,8 +10,8 @@ import pytest
 from simpipe.agents.base import Turn
 from simpipe.agents.llm import _prompt_key, distinct_prompts, prompting
 from simpipe.games.config import BeautyContestConfig as GameConfig
-from simpipe.games.registry import game_for
 from simpipe.games.prompts import PromptBuilder
+from simpipe.games.registry import game_for
 
 GAME = GameConfig(rounds=4)
 

@@ -10,12 +10,13 @@ from pathlib import Path
 
 import psutil
 import pytest
-from support import small_config
 
 import simpipe
 from simpipe.console import Console
 from simpipe.errors import SimpipeError
 from simpipe.results import read_ledger, read_rounds
+
+from support import small_config
 
 pytestmark = pytest.mark.slow
 

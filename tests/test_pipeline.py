@@ -8,19 +8,19 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
-from support import REPO, small_config
 
+from simpipe.console import Console
 from simpipe.games.beauty_contest import target_of
 from simpipe.layout import RunPaths
 from simpipe.ledger import RunDirError
 from simpipe.results import read_ledger, read_rounds, read_summary
 from simpipe.runner import RunCancelled, run_simulation
-from simpipe.console import Console
+
+from support import REPO, small_config
 
 QUIET = Console(quiet=True)
 ROW_COLUMNS = ["agent_id", "group_id", "guess", "status", "raw", "tokens_in", "tokens_out",
@@ -40,7 +40,7 @@ def test_run_writes_the_documented_layout(dask_client, tmp_path):
     rounds = pd.read_parquet(paths.rounds)  # the public way: every round, with a round column
     assert set(rounds["round"].astype(int)) == {0, 1, 2}
     assert set(ROW_COLUMNS) <= set(rounds.columns)
-    for r, frame in rounds.groupby("round", observed=True):
+    for _, frame in rounds.groupby("round", observed=True):
         assert len(frame) == 600 and frame["agent_id"].is_unique
     assert (rounds["status"] == "ok").all() and rounds["guess"].between(0, 100).all()
 
@@ -148,7 +148,8 @@ def test_killed_run_resumes_to_the_identical_summary(dask_client, tmp_path):
     args = [sys.executable, "-m", "simpipe.cli", "run", str(REPO / "examples" / "scripted.toml"),
             "--set", f"run.output_dir='{out}'", "--set", "run.name=t", "--set", "run.seed=3",
             "--set", "population.size=600", "--set", "population.partitions=8",
-            "--set", "population.attributes.education.values={'High School'=1,\"Bachelor's Degree\"=1,'Ph.D.'=1}",
+            "--set", "population.attributes.education.values="
+                     "{'High School'=1,\"Bachelor's Degree\"=1,'Ph.D.'=1}",
             "--set", "agents.scripted.latency_s=0.4", "--set", "cluster.dashboard_address=''"]
     proc = subprocess.Popen(args, cwd=REPO, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -199,7 +200,7 @@ def test_worker_killed_mid_round_still_gives_exactly_n_rows(tmp_path):
         run_simulation(config, client=client, console=QUIET)
         assert killed.is_set()
     rounds = read_rounds(config.run_dir)
-    for r, frame in rounds.groupby("round"):
+    for _, frame in rounds.groupby("round"):
         assert len(frame) == 600 and frame["agent_id"].is_unique
     pd.testing.assert_frame_equal(read_summary(config.run_dir), read_summary(reference.run_dir))
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
-from support import REPO, cancel_after_first_round, one_error_line, simpipe_cli, small_config
 
 from simpipe.config import ConfigError
 from simpipe.console import Console
@@ -15,6 +14,8 @@ from simpipe.inference.stub_server import StubProcess
 from simpipe.layout import RunPaths
 from simpipe.results import read_ledger, read_rounds, read_summary
 from simpipe.runner import RunCancelled, run_simulation
+
+from support import REPO, cancel_after_first_round, one_error_line, simpipe_cli, small_config
 
 QUIET = Console(quiet=True)
 GAME = {"kind": "public_goods", "rounds": 4}

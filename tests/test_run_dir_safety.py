@@ -8,12 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from support import SCRIPTED, one_error_line, simpipe_cli, small_config
 from simpipe.console import Console
 from simpipe.layout import RunPaths
 from simpipe.ledger import RunDirError
 from simpipe.population import ensure_population
 from simpipe.runner import run_simulation
+
+from support import SCRIPTED, one_error_line, simpipe_cli, small_config
 
 QUIET = Console(quiet=True)
 

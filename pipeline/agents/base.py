@@ -89,8 +89,10 @@ def decisions_frame(
             "status": pd.Categorical(status, categories=STATUSES),
             "raw": np.asarray(raw, dtype=object) if raw is not None else none,
             "raw_truncated": np.zeros(n, bool) if raw_truncated is None else raw_truncated,
-            "tokens_in": np.zeros(n, np.int32) if tokens_in is None else tokens_in.astype(np.int32),
-            "tokens_out": np.zeros(n, np.int32) if tokens_out is None else tokens_out.astype(np.int32),
+            "tokens_in": (np.zeros(n, np.int32) if tokens_in is None
+                          else tokens_in.astype(np.int32)),
+            "tokens_out": (np.zeros(n, np.int32) if tokens_out is None
+                           else tokens_out.astype(np.int32)),
             "latency_s": np.zeros(n) if latency_s is None else np.asarray(latency_s, np.float64),
             "error": np.asarray(error, dtype=object) if error is not None else none,
             "shared": np.zeros(n, bool) if shared is None else np.asarray(shared, bool),

@@ -21,7 +21,7 @@ from distributed import Client, WorkerPlugin
 from distributed.core import Status
 
 from simpipe.agents.base import AgentPolicy
-from simpipe.aio import process_loop
+from simpipe.aio import process_loop, run_async
 from simpipe.backends import BACKENDS
 from simpipe.config import AgentsConfig
 from simpipe.inference.base import Backend, GenerationRequest
@@ -76,7 +76,9 @@ def prompt_style(agents: AgentsConfig) -> str:
 
 def scripted_policy(settings: Any) -> AgentPolicy:
     """The ``scripted`` back-end's policy (``simpipe.backends``): cognitive-hierarchy agents."""
-    from simpipe.agents.scripted import ScriptedAgents  # noqa: PLC0415
+    # Each back-end's agents are imported when it is used (the LLM ones bring the
+    # inference stack).
+    from simpipe.agents.scripted import ScriptedAgents
 
     return ScriptedAgents(settings.tau, settings.noise, settings.latency_s, settings.depth_shift)
 
@@ -84,7 +86,7 @@ def scripted_policy(settings: Any) -> AgentPolicy:
 def build_policy(agents: AgentsConfig) -> AgentPolicy:
     if not agents.plugin.is_llm:
         return agents.plugin.policy_factory()(agents.settings)
-    from simpipe.agents.llm import LLMAgents  # noqa: PLC0415
+    from simpipe.agents.llm import LLMAgents  # see scripted_policy
 
     return LLMAgents(process_backend(agents), agents)
 
@@ -126,7 +128,6 @@ def warm_policy(agents: AgentsConfig, requests: Sequence[GenerationRequest] = ()
     """
     policy = get_policy(agents)
     if requests:
-        from simpipe.aio import run_async  # noqa: PLC0415
 
         run_async(policy.backend.generate(list(requests)))  # type: ignore[attr-defined]
 

@@ -151,7 +151,7 @@ class Backend(abc.ABC):
         """Counters per endpoint name since the back-end was created."""
         return {}
 
-    async def aclose(self) -> None:
+    async def aclose(self) -> None:  # noqa: B027 - not abstract: most back-ends hold nothing
         """Release sessions, servers and models."""
 
     async def generate_many(self, distinct: Sequence[GenerationRequest], codes: np.ndarray,

@@ -1,7 +1,7 @@
 """How much client CPU the HTTP back-ends spend per request, against a stub that answers
 at once (in its own process, so its CPU is not counted as ours).
 
-Rows: a bare ``aiohttp.ClientSession.post`` loop (the reference FACTS.md measured), a bare
+Rows: a bare ``aiohttp.ClientSession.post`` loop (the reference: docs/measurements.md), a bare
 loop on our own keep-alive client (``http_client.ConnectionPool``, the floor), then
 ``TgiBackend`` and ``OpenAIBackend`` through ``generate`` (the code path the pipeline
 uses): same requests, same number in flight. ``x_aiohttp`` is client CPU per request
@@ -21,6 +21,7 @@ from typing import Any
 
 import aiohttp
 import psutil
+
 from simpipe import aio
 from simpipe.agents.registry import build_backend
 from simpipe.config import AgentsConfig

@@ -29,7 +29,6 @@ import argparse
 import asyncio
 import math
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Awaitable
@@ -46,6 +45,7 @@ from simpipe.inference.emulator_profiles import (
     GpuProfile,
     get_profile,
 )
+from simpipe.inference.server_process import ServerProcess
 from simpipe.inference.stub_http import HttpRequest, HttpResponse, HttpServer
 
 READY_LINE = "simpipe-emulator listening on"
@@ -275,46 +275,22 @@ class Emulator:
         }
 
 
-class EmulatorProcess:
+class EmulatorProcess(ServerProcess):
     """The emulator in a child process (benchmarks, tests, ``--emulate`` without SLURM):
-    ``with EmulatorProcess(gpus=2, profile="fast") as emu: emu.urls``."""
+    ``with EmulatorProcess(gpus=2, profile="fast") as emu: emu.urls``, one URL per GPU."""
 
     def __init__(self, *, gpus: int = 1, profile: str = "fast", time_scale: float = 1.0,
                  protocol: str = "both", port: int = 0, model_id: str | None = None,
                  params: dict[str, float] | None = None, start_timeout_s: float = 60.0) -> None:
-        self.args = [sys.executable, "-m", "simpipe.inference.emulator", "--gpus", str(gpus),
-                     "--profile", profile, "--time-scale", repr(time_scale),
-                     "--protocol", protocol, "--port", str(port)]
+        command = [sys.executable, "-m", "simpipe.inference.emulator", "--gpus", str(gpus),
+                   "--profile", profile, "--time-scale", repr(time_scale),
+                   "--protocol", protocol, "--port", str(port)]
         if model_id:
-            self.args += ["--model-id", model_id]
+            command += ["--model-id", model_id]
         for name, value in (params or {}).items():
-            self.args += [f"--{name.replace('_', '-')}", repr(value)]
-        self.start_timeout_s = start_timeout_s
-        self.proc: subprocess.Popen | None = None
-        self.urls: list[str] = []
-
-    def __enter__(self) -> Self:
-        self.proc = subprocess.Popen(self.args, stdout=subprocess.PIPE, text=True)
-        line = self.proc.stdout.readline() if self.proc.stdout else ""
-        if READY_LINE not in line:
-            self.proc.kill()
-            self.proc.wait()
-            raise RuntimeError(f"emulator did not start: {line.strip() or 'no output'} "
-                               f"(command: {' '.join(self.args)})")
-        self.urls = line.split(READY_LINE, 1)[1].split()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.proc is None:
-            return
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        if self.proc.stdout:
-            self.proc.stdout.close()
+            command += [f"--{name.replace('_', '-')}", repr(value)]
+        super().__init__(command, READY_LINE, name="emulator", start_timeout_s=start_timeout_s,
+                         stop_timeout_s=10)
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:

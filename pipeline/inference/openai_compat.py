@@ -8,7 +8,8 @@ body small; ``temperature`` is always sent (0 is valid OpenAI-wide: greedy).
 Output constraints (``settings.constraint``), from the servers' sources:
 - ``"grammar"``: llama.cpp's top-level ``grammar`` (GBNF).
 - ``"json_schema"``: llama.cpp's top-level ``json_schema`` (converted to a grammar there;
-  note it ignores ``minimum``/``maximum``, FACTS.md).
+  builds without llguidance ignore a ``number``'s ``minimum``/``maximum``,
+  docs/measurements.md).
 - ``"guided_regex"``: vLLM's regex, as ``structured_outputs: {"regex": ...}`` (vLLM >=
   0.10.2; the old top-level ``guided_regex`` was removed in 0.12 and is *silently ignored*
   there, so it is not what this sends).

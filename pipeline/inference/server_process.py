@@ -1,75 +1,108 @@
-"""Start the embedded engine's HTTP server (``python -m simpipe.inference.llamacpp_server``)
-as a child process and wait until it answers: used by ``simpipe bench engine``, the
-tests and anyone who wants an OpenAI-compatible llama.cpp endpoint on this machine."""
+"""A local server as a child process: the one launcher of the servers simpipe runs on this
+machine (the embedded llama.cpp server, the stub server, the GPU emulator).
+
+Each of them prints one line on stdout once it answers: its ready marker, then the URL(s) it
+listens on. Asked for port 0 it binds free ports itself and the line says which, so no
+launcher races another process for a port. ``ServerProcess`` starts the command, waits for
+that line (failing at once when the process exits, or after ``start_timeout_s``), and stops
+it on exit: SIGTERM, then SIGKILL after ``stop_timeout_s``.
+
+    with StubProcess() as stub:  # a subclass that knows its command
+        use(stub.url)
+"""
 
 from __future__ import annotations
 
 import signal
-import socket
 import subprocess
-import sys
 import threading
-from pathlib import Path
+from collections.abc import Sequence
+from typing import IO, Self
 
-READY = "simpipe-llamacpp-server listening on"
-
-
-class ServerStartError(RuntimeError):
-    """The server process exited or stayed silent past the start-up timeout."""
+from simpipe.errors import SimpipeError
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+class ServerStartError(SimpipeError, RuntimeError):
+    """The server process exited or stayed silent past its start-up timeout."""
 
 
 class ServerProcess:
-    """``with ServerProcess(parallel=4) as server: server.url`` — stopped on exit."""
+    """``command`` as a child process, ready once it printed ``ready`` and its URLs."""
 
-    def __init__(self, *, parallel: int = 4, model: str | Path | None = None,
-                 port: int | None = None, start_timeout_s: float = 300.0) -> None:
-        self.port = port or free_port()
-        args = [sys.executable, "-m", "simpipe.inference.llamacpp_server",
-                "--port", str(self.port), "--parallel", str(parallel)]
-        if model is not None:
-            args += ["--model", str(model)]
-        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                     text=True)
-        line = self._first_line(start_timeout_s)
-        if READY not in line:
+    def __init__(self, command: Sequence[str], ready: str, *, name: str,
+                 start_timeout_s: float = 60.0, stop_timeout_s: float = 30.0,
+                 stderr: int | IO | None = None) -> None:
+        self.command = list(command)
+        self.ready = ready
+        self.name = name
+        self.start_timeout_s = start_timeout_s
+        self.stop_timeout_s = stop_timeout_s
+        self.stderr = stderr  # None: this process's stderr (the server's own log)
+        self.proc: subprocess.Popen | None = None
+        self.urls: list[str] = []
+
+    @property
+    def url(self) -> str:
+        """The first (for most servers the only) URL it listens on."""
+        return self.urls[0]
+
+    def start(self) -> Self:
+        """Start it and wait until it is ready; ServerStartError (process gone) otherwise."""
+        self.proc = subprocess.Popen(self.command, stdout=subprocess.PIPE, stderr=self.stderr,
+                                     stdin=subprocess.DEVNULL, text=True)
+        line, why = self._first_line(self.proc)
+        marker, _, urls = line.partition(self.ready)
+        if why is None and (marker or not urls.split()):
+            why = "printed something else first"
+        if why is not None:
             self.kill()
-            raise ServerStartError(
-                f"llama.cpp server on port {self.port} did not become healthy within "
-                f"{start_timeout_s:.0f} s (first line: {line!r})")
-        self.url = line.split()[-1].strip()
+            raise ServerStartError(f"{self.name} {why} (first line: {line.strip()!r}; "
+                                   f"command: {' '.join(self.command)})")
+        self.urls = urls.split()
+        return self
 
-    def _first_line(self, timeout_s: float) -> str:
+    def _first_line(self, proc: subprocess.Popen) -> tuple[str, str | None]:
+        """The first line on stdout, and why the server is not ready if that is known."""
+        # Read in a thread, so that a server silent on stdout cannot hang the caller past
+        # the timeout; killing the server then ends the read.
         out: list[str] = []
-        reader = threading.Thread(target=lambda: out.append(self.proc.stdout.readline()),
+        reader = threading.Thread(target=lambda: out.append(proc.stdout.readline()),
                                   daemon=True)
         reader.start()
-        reader.join(timeout_s)
-        return out[0] if out else ""
+        reader.join(self.start_timeout_s)
+        if reader.is_alive():
+            self.kill()
+            reader.join()
+            return "", f"was not ready within {self.start_timeout_s:g} s"
+        line = out[0] if out else ""
+        if not line:  # stdout closed: the process is ending
+            try:
+                return "", f"exited with status {proc.wait(timeout=self.stop_timeout_s)}"
+            except subprocess.TimeoutExpired:
+                return "", "closed its stdout"
+        return line, None
 
     def kill(self) -> None:
         """SIGKILL: the server vanishes mid-request, as a crashed node would."""
-        if self.proc.poll() is None:
+        if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait()
 
     def stop(self) -> None:
+        """SIGTERM (the servers shut down cleanly on it), SIGKILL if that takes too long."""
+        if self.proc is None:
+            return
         if self.proc.poll() is None:
             self.proc.terminate()
             try:
-                self.proc.wait(timeout=30)
+                self.proc.wait(timeout=self.stop_timeout_s)
             except subprocess.TimeoutExpired:
                 self.kill()
         if self.proc.stdout:
             self.proc.stdout.close()
 
-    def __enter__(self) -> "ServerProcess":
-        return self
+    def __enter__(self) -> Self:
+        return self if self.proc is not None else self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()

@@ -12,8 +12,9 @@ last ``record`` request bodies with their path and Authorization header).
 
 HTTP comes from ``simpipe.inference.stub_http``. In-process: ``async with
 StubServer(...) as stub: stub.url``. As a process:
-``python -m simpipe.inference.stub_server --port N`` (or ``StubProcess`` in Python), which
-prints ``simpipe-stub-server listening on http://127.0.0.1:N`` when ready.
+``python -m simpipe.inference.stub_server --port N`` (or ``StubProcess`` in Python,
+a ``simpipe.inference.server_process.ServerProcess``), which prints
+``simpipe-stub-server listening on http://127.0.0.1:N`` when ready.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
-import subprocess
 import sys
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
@@ -29,7 +29,7 @@ from typing import Any, Self
 
 from simpipe import aio
 from simpipe.inference import server_contract as contract
-from simpipe.inference.server_contract import answer_number as _answer  # noqa: F401 - tests
+from simpipe.inference.server_process import ServerProcess
 from simpipe.inference.stub_http import HttpRequest, HttpResponse, HttpServer
 
 READY_LINE = "simpipe-stub-server listening on"
@@ -150,37 +150,15 @@ class StubServer:
         return contract.json_response(contract.models_list(MODEL_ID, "simpipe-stub"))
 
 
-class StubProcess:
-    """The stub in a child process (for benchmarks: its CPU is not the client's)."""
+class StubProcess(ServerProcess):
+    """The stub in a child process (for benchmarks: its CPU is not the client's), on
+    ``port`` (0: a free one); ``options`` are ``StubConfig``'s."""
 
     def __init__(self, port: int = 0, **options: Any) -> None:
-        self.port = port
-        self.options = options
-        self.proc: subprocess.Popen | None = None
-        self.url = ""
-
-    def __enter__(self) -> Self:
-        cmd = [sys.executable, "-m", "simpipe.inference.stub_server", "--port", str(self.port)]
-        for key, value in self.options.items():
-            cmd += [f"--{key.replace('_', '-')}", str(value)]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
-        line = self.proc.stdout.readline() if self.proc.stdout else ""
-        if READY_LINE not in line:
-            self.proc.kill()
-            raise RuntimeError(f"stub server did not start: {line!r}")
-        self.url = line.split()[-1]
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.proc is not None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-            if self.proc.stdout:
-                self.proc.stdout.close()
+        command = [sys.executable, "-m", "simpipe.inference.stub_server", "--port", str(port)]
+        for key, value in options.items():
+            command += [f"--{key.replace('_', '-')}", str(value)]
+        super().__init__(command, READY_LINE, name="stub server", stop_timeout_s=5)
 
 
 def main(argv: list[str] | None = None) -> None:

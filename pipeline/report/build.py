@@ -161,7 +161,7 @@ def build_report(run_dirs: Sequence[str | Path], out: str | Path | None = None,
     for section in sections:
         section.frame.to_csv(out_dir / "tables" / f"{section.key}.csv", index=False)
 
-    from simpipe.report.html import write_html  # noqa: PLC0415 - the page is the last step
+    from simpipe.report.html import write_html  # the page is the last step
 
     report = Report(out_dir, runs, sections, figures, out_dir / "report.html", notes)
     write_html(report, FORMATS)

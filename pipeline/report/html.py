@@ -5,9 +5,11 @@ from __future__ import annotations
 import base64
 import html
 from collections.abc import Mapping
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING
+
+from simpipe.tables import format_cell
 
 if TYPE_CHECKING:
     from simpipe.report.build import FigureItem, Report, TableSection
@@ -26,13 +28,13 @@ figcaption, .note, .cite { font-size: 0.85rem; color: #555; }
 """
 
 
-def write_html(report: "Report", formats: Mapping[str, str]) -> None:
+def write_html(report: Report, formats: Mapping[str, str]) -> None:
     parts = [
         "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
         "<title>simpipe report</title>", f"<style>{STYLE}</style></head><body>",
         "<h1>simpipe report</h1>",
         f"<p>{_runs_line(report)}<br><span class='note'>generated "
-        f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M UTC} by simpipe {_version()}; tables as CSV "
+        f"{datetime.now(UTC):%Y-%m-%d %H:%M UTC} by simpipe {_version()}; tables as CSV "
         f"in <code>tables/</code>, figures as PNG in <code>figures/</code>.</span></p>",
     ]
     parts += [f"<p class='note'>{html.escape(n)}</p>" for n in report.notes]
@@ -51,7 +53,7 @@ def write_html(report: "Report", formats: Mapping[str, str]) -> None:
     report.html.write_text("\n".join(parts), encoding="utf-8")
 
 
-def _section(section: "TableSection", formats: Mapping[str, str]) -> str:
+def _section(section: TableSection, formats: Mapping[str, str]) -> str:
     out = [f"<h2>{html.escape(section.title)}</h2>"]
     rows = section.display_rows()
     if rows:
@@ -74,7 +76,7 @@ def _section(section: "TableSection", formats: Mapping[str, str]) -> str:
     return "\n".join(out)
 
 
-def _figure(item: "FigureItem") -> str:
+def _figure(item: FigureItem) -> str:
     data = base64.b64encode(item.path.read_bytes()).decode("ascii")
     alt = html.escape(item.caption)
     return (f"<figure><img src='data:image/png;base64,{data}' alt='{alt}'>"
@@ -82,18 +84,7 @@ def _figure(item: "FigureItem") -> str:
             "</figcaption></figure>")
 
 
-def format_cell(value: object, fmt: str | None) -> str:
-    if value is None or (isinstance(value, float) and value != value):
-        return ""
-    if fmt and not isinstance(value, str):
-        try:
-            return fmt.format(value)
-        except (ValueError, TypeError):
-            return str(value)
-    return f"{value:.3g}" if isinstance(value, float) else str(value)
-
-
-def _runs_line(report: "Report") -> str:
+def _runs_line(report: Report) -> str:
     return "; ".join(
         f"<b>{html.escape(run.label)}</b> (<code>{html.escape(str(run.run_dir))}</code>, "
         f"{html.escape(str(run.ledger.get('state', '?')))})" for run in report.runs)

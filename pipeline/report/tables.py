@@ -8,6 +8,7 @@ has (back-end, agents, tokens, wall time) and the breakdown by persona attribute
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -128,8 +129,8 @@ def _bin(column: pd.Series) -> pd.Categorical:
     lo, hi = column.min(), column.max()
     if pd.api.types.is_integer_dtype(column):
         edges = np.unique(np.round(np.linspace(lo, hi + 1, N_BINS + 1)).astype(np.int64))
-        labels = [f"{a}-{b - 1}" if b - 1 > a else f"{a}" for a, b in zip(edges[:-1], edges[1:])]
+        labels = [f"{a}-{b - 1}" if b - 1 > a else f"{a}" for a, b in pairwise(edges)]
         return pd.cut(column, bins=edges, right=False, labels=labels)
     edges = np.linspace(lo, hi, N_BINS + 1)
-    labels = [f"{a:.3g}-{b:.3g}" for a, b in zip(edges[:-1], edges[1:])]
+    labels = [f"{a:.3g}-{b:.3g}" for a, b in pairwise(edges)]
     return pd.cut(column, bins=edges, include_lowest=True, labels=labels)

@@ -1,4 +1,5 @@
-"""``simpipe ui``: serve the manager page."""
+"""``simpipe ui``: serve the manager page (the server is imported when it starts, so that
+``simpipe --help`` stays light)."""
 
 from __future__ import annotations
 
@@ -19,9 +20,9 @@ from simpipe.ui.security import TOKEN_ENV, is_loopback
               type=click.Path(file_okay=False), help="The results root (run.output_dir).")
 def ui_command(host: str, port: int, results: str) -> None:
     """Watch runs and clusters live in the browser; cancel, bring down, clean up."""
-    from aiohttp import web  # noqa: PLC0415 - keep `simpipe --help` light
+    from aiohttp import web  # keep `simpipe --help` light
 
-    from simpipe.ui.app import make_app  # noqa: PLC0415
+    from simpipe.ui.app import make_app
 
     token = os.environ.get(TOKEN_ENV) or None
     loopback = is_loopback(host)

@@ -15,12 +15,17 @@ from pathlib import Path
 from typing import Any
 
 from simpipe.cluster import lifecycle, slurm
-from simpipe.cluster.state import StateError, check_name, clusters_dir, pid_alive
-from simpipe.integrity import CorruptFile, ProcessId, StrictRecord, read_json_record
+from simpipe.cluster.state import (
+    StateError,
+    check_name,
+    clusters_dir,
+    pid_alive,
+    read_state_file,
+)
+from simpipe.integrity import CorruptFile
 from simpipe.ui.security import OutsideRoot, UnsafeName, contained, http_url, safe_child
 
 STATUS_TTL_S = 3.0
-MAX_STATE_BYTES = 2**20  # a state file lists jobs and servers: kilobytes
 
 
 class ClusterNotFound(LookupError):
@@ -29,27 +34,6 @@ class ClusterNotFound(LookupError):
 
 class ClusterBroken(RuntimeError):
     """The cluster's state file cannot be used; nothing is done with it (HTTP 409)."""
-
-
-class _Server(StrictRecord):
-    index: int
-    job_id: str | int
-    url: str | None = None
-    healthy: bool | None = None
-
-
-class _ClusterState(StrictRecord):
-    """What the UI and ``simpipe.cluster.lifecycle`` read from a state file."""
-
-    state: str = "unknown"
-    scheduler: str | None = None
-    dashboard: str | None = None
-    manager_pid: ProcessId | None = None
-    error: str | None = None
-    worker_jobs: list[str | int] = []
-    servers: list[_Server] = []
-    worker_job_name: str | None = None
-    server_job_name: str | None = None
 
 
 def state_file(name: str) -> Path:
@@ -68,7 +52,7 @@ def state_file(name: str) -> Path:
 def _read(path: Path) -> dict[str, Any]:
     """The checked state; CorruptFile (or OutsideRoot for a symlink out) otherwise."""
     inside = contained(clusters_dir(), path, "the cluster state directory")
-    return read_json_record(inside, _ClusterState, MAX_STATE_BYTES)
+    return read_state_file(inside)
 
 
 def _problem(path: Path, exc: Exception) -> str:

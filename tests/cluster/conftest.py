@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from cluster_helpers import wait_no_jobs
-
 from simpipe.cluster import slurm
+
+from cluster_helpers import wait_no_jobs
 
 REPO = Path(__file__).resolve().parents[2]
 

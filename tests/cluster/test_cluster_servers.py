@@ -11,9 +11,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from cluster_helpers import our_jobs, simpipe, wait_no_jobs
-
 from simpipe.results import read_ledger, read_rounds
+
+from cluster_helpers import our_jobs, simpipe, wait_no_jobs
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from support import one_error_line, simpipe_cli
-
 from simpipe.cluster import lifecycle
 from simpipe.cluster.process_identity import check_manager, own_identity, signal_manager
 from simpipe.cluster.state import StateError, pid_alive, state_path
+
+from support import one_error_line, simpipe_cli
 
 
 def write_state(home: Path, name: str, state: dict) -> Path:

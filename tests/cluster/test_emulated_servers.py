@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from cluster_helpers import simpipe, wait_no_jobs
-
 from simpipe.results import read_rounds
+
+from cluster_helpers import simpipe, wait_no_jobs
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from cluster_helpers import simpipe
-
 from simpipe.results import read_rounds
+
+from cluster_helpers import simpipe
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from cluster_helpers import our_jobs, wait_no_jobs
-
 from simpipe.cluster.process_identity import check_manager
+
+from cluster_helpers import our_jobs, wait_no_jobs
 
 TOML = """
 [run]

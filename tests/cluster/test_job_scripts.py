@@ -8,12 +8,14 @@ import pytest
 from dask_jobqueue.slurm import SLURMJob
 
 from simpipe.cluster.batch import BatchOptions, batch_script
-from simpipe.cluster.config import SlurmClusterConfig
+from simpipe.cluster.config import SlurmClusterConfig, memory_mib
 from simpipe.cluster.connect import slurm_cluster_kwargs
-from simpipe.cluster.endpoints import prefer_local, split_local
+from simpipe.cluster.endpoints import emulate_node, is_local
 from simpipe.cluster.servers import server_command, server_job_script
 from simpipe.cluster.state import run_target
 from simpipe.config import ConfigError, load_config
+
+from support import one_error_line, simpipe_cli
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -75,6 +77,37 @@ def test_llamacpp_template_and_custom() -> None:
     assert server_command(custom.servers, 1) == "srv --p 1 --m"
 
 
+@pytest.mark.parametrize(("text", "mib"), [
+    ("4GiB", 4096), ("4 gib", 4096), ("4GB", 3815), ("4G", 3815), ("5e9", 4769),
+    ("512 MB", 489), ("1.5TiB", 1_572_864), ("100", 1),
+])
+def test_memory_is_read_as_dask_reads_it_rounded_up_to_whole_mib(text: str, mib: int) -> None:
+    """One reading of every memory key: what the config accepts, a job script can use."""
+    assert memory_mib(text, "cluster.servers.memory") == mib
+    cluster = SlurmClusterConfig(memory=text, servers={"kind": "llamacpp", "memory": text})
+    assert f"#SBATCH --mem={mib}M\n" in server_job_script(cluster, "c", 0)
+    # 1 worker task + scheduler + client, each with cluster.memory; no servers
+    batch = batch_script(cluster.model_copy(update={"servers": SlurmClusterConfig().servers}),
+                         BatchOptions("/c.toml"))
+    assert f"#SBATCH --mem={3 * mib}M\n" in batch
+    assert f"#SBATCH --mem={mib}M\n" in batch_script(cluster, BatchOptions("/c.toml",
+                                                                          memory=text))
+
+
+def test_a_memory_option_that_is_no_amount_is_one_line_naming_the_option(
+        tmp_path: Path) -> None:
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[cluster]\nkind = "slurm"\n')
+    script = tmp_path / "s.sbatch"
+    args = ("sbatch", str(cfg), "--job-log", str(tmp_path / "j.out"), "--output", str(script))
+    line = one_error_line(simpipe_cli(*args, "--mem", "lots"))
+    assert line == ("error: --mem = 'lots': expected an amount of memory such as \"4GiB\", "
+                    "\"2GB\" or \"512MB\"")
+    assert not script.exists()
+    assert simpipe_cli(*args, "--mem", "5e9").returncode == 0
+    assert "#SBATCH --mem=4769M\n" in script.read_text()
+
+
 @pytest.mark.parametrize(("walltime", "expected"), [
     ("00:10:00", ["--lifetime", "510s", "--lifetime-stagger", "30s"]),
     ("1-00:00:00", ["--lifetime", "81780s", "--lifetime-stagger", "300s"]),
@@ -96,17 +129,33 @@ def test_config_errors_name_the_key(tmp_path: Path) -> None:
         load_config(cfg)
 
 
-def test_endpoint_preference() -> None:
+def test_which_endpoints_are_on_this_node() -> None:
     names = frozenset({"node1", "10.0.0.1"})
-    eps = ["http://node2:8300", "http://10.0.0.1:8301", "http://node1:8300", "http://x:1"]
-    assert split_local(eps, names) == (eps[1:3], [eps[0], eps[3]])
-    assert prefer_local(eps, names) == [eps[1], eps[2], eps[0], eps[3]]
+    local = ["http://10.0.0.1:8301", "http://node1:8300", "http://node1.cluster.example:1",
+             "http://127.0.0.1:2", "http://[::1]:3"]
+    remote = ["http://node2:8300", "http://10.0.0.2:1", "http://x:1"]
+    assert [is_local(e, names) for e in local + remote] == [True] * 5 + [False] * 3
+
+
+def test_the_endpoint_pool_prefers_this_nodes_server_while_it_has_room() -> None:
+    """What cluster.endpoints' docstring promises: the pool orders endpoints itself (this
+    node's first, least loaded), the other nodes' servers take the overflow and fail-over."""
+    from simpipe.inference.http import EndpointPool
+    from simpipe.inference.settings import TgiSettings
+
+    remote, local = "http://node-elsewhere.invalid:8300", "http://127.0.0.1:8301"
+    pool = EndpointPool(TgiSettings(endpoints=[remote, local], max_concurrency=2))
+    assert [pool._pick(None).name for _ in range(4)] == [local] * 4
+    here = pool._endpoints[1]
+    here.load = 2  # saturated
+    assert pool._pick(None).name == remote
+    here.load, here.down_until = 0, float("inf")  # marked down
+    assert pool._pick(None).name == remote
 
 
 def test_an_emulated_node_prefers_its_own_servers_on_one_machine() -> None:
     """Every server here is on 127.0.0.1; a process told it is emulated node 2 prefers
     node 2's servers, and its endpoint pool falls back to the others."""
-    from simpipe.cluster.endpoints import emulate_node, is_local
     from simpipe.inference.http import EndpointPool
     from simpipe.inference.settings import TgiSettings
 
@@ -115,7 +164,6 @@ def test_an_emulated_node_prefers_its_own_servers_on_one_machine() -> None:
     emulate_node(eps[2:])
     try:
         assert [is_local(e) for e in eps] == [False, False, True, True]
-        assert prefer_local(eps) == [eps[2], eps[3], eps[0], eps[1]]
         pool = EndpointPool(TgiSettings(endpoints=eps, max_concurrency=1))
         assert {pool._pick(None).name for _ in range(4)} == set(eps[2:])
         for ep in pool._endpoints[2:]:

@@ -4,6 +4,7 @@ checked for each registered game)."""
 from __future__ import annotations
 
 import os
+
 import numpy as np
 import pandas as pd
 import pytest

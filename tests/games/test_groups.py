@@ -4,7 +4,8 @@ import pytest
 from simpipe.games.groups import assign_groups
 
 
-@pytest.mark.parametrize("n,size", [(10, 0), (10, 10), (10, 20), (100, 5), (103, 5), (7, 3), (1, 1)])
+@pytest.mark.parametrize("n,size",
+                         [(10, 0), (10, 10), (10, 20), (100, 5), (103, 5), (7, 3), (1, 1)])
 def test_every_agent_in_exactly_one_group_of_about_the_size(n, size):
     g = assign_groups(n, size, seed=1)
     assert g.shape == (n,)

@@ -1,3 +1,5 @@
+from itertools import pairwise
+
 import numpy as np
 
 from simpipe.games.beauty_contest import target_of
@@ -27,7 +29,7 @@ def test_first_round_in_the_human_range():
 
 def test_repeated_play_converges_to_the_equilibrium():
     _, means = play(GameConfig(ratio="2/3"), 8)
-    assert all(b < a for a, b in zip(means, means[1:]))
+    assert all(b < a for a, b in pairwise(means))
     assert means[-1] < 1.0
     _, means = play(GameConfig(ratio="1/2", offset=5), 8)
     assert abs(means[-1] - 10) < 0.5

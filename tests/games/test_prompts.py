@@ -124,7 +124,7 @@ def test_render_many_matches_render() -> None:
     personas = ["a", None, "c"]
     histories = [HISTORY, [], HISTORY[:1]]
     assert builder.render_many(personas, histories, 2) == [
-        builder.render(p, h, 2) for p, h in zip(personas, histories)
+        builder.render(p, h, 2) for p, h in zip(personas, histories, strict=True)
     ]
     assert builder.render_many(personas, None, 0) == [builder.render(p, [], 0) for p in personas]
     with pytest.raises(ValueError):

@@ -10,7 +10,6 @@ from collections import defaultdict
 import numpy as np
 import pytest
 
-from llamacpp_reference import grammar_sampling
 from simpipe.games.answer_format import IntegerAnswers
 from simpipe.inference.answer_distribution import (
     DEFAULT_TOP_N,
@@ -19,6 +18,8 @@ from simpipe.inference.answer_distribution import (
 )
 from simpipe.inference.gguf_vocab import AnswerVocab
 from simpipe.inference.llamacpp_sampler import ChainSettings, TopLogprobs
+
+from llamacpp_reference import grammar_sampling
 
 N_VOCAB = 2000
 EOG = (0, 1)

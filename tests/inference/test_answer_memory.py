@@ -16,6 +16,9 @@ from pathlib import Path
 
 import psutil
 import pytest
+
+from simpipe.results import read_rounds
+
 from hostile_server import (
     HostileServer,
     endless_chunked_body,
@@ -23,8 +26,6 @@ from hostile_server import (
     endless_headers,
     tgi_answer,
 )
-
-from simpipe.results import read_rounds
 
 pytestmark = pytest.mark.slow
 

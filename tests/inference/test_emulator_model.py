@@ -4,6 +4,7 @@ profiles against the numbers they were derived from."""
 from __future__ import annotations
 
 import pytest
+
 from simpipe.inference.emulator_model import GpuScheduler, Series
 from simpipe.inference.emulator_profiles import (
     CALIBRATION,

@@ -11,6 +11,7 @@ import urllib.request
 
 import aiohttp
 import pytest
+
 from simpipe.inference.emulator import Emulator, EmulatorOptions, EmulatorProcess
 from simpipe.inference.emulator_profiles import H100_PREFILL_HEAVY, get_profile
 

@@ -10,6 +10,7 @@ import json
 
 import numpy as np
 import pytest
+
 from simpipe.inference.base import AnswerColumns, GenerationRequest, OutputConstraint
 from simpipe.inference.http import EndpointPool
 from simpipe.inference.openai_compat import OpenAIBackend

@@ -12,6 +12,13 @@ import json
 import logging
 
 import pytest
+
+from simpipe.config import ConfigError
+from simpipe.inference.base import GenerationRequest, GenerationResult
+from simpipe.inference.openai_compat import OpenAIBackend
+from simpipe.inference.settings import OpenAISettings, TgiSettings
+from simpipe.inference.tgi import TgiBackend
+
 from hostile_server import (
     HostileServer,
     Request,
@@ -23,12 +30,6 @@ from hostile_server import (
     openai_answer,
     tgi_answer,
 )
-
-from simpipe.config import ConfigError
-from simpipe.inference.base import GenerationRequest, GenerationResult
-from simpipe.inference.openai_compat import OpenAIBackend
-from simpipe.inference.settings import OpenAISettings, TgiSettings
-from simpipe.inference.tgi import TgiBackend
 from support import small_config
 
 FAST = {"backoff_s": 0.01, "backoff_max_s": 0.05, "timeout_s": 20}

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+
 from simpipe.inference.http_client import ConnectFailed, ConnectionLost, ConnectionPool
 
 

@@ -5,17 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
+import re
 import signal
-import socket
-import subprocess
-import sys
 import urllib.request
 
 import pytest
 
 from simpipe.inference.base import GenerationRequest, OutputConstraint
 from simpipe.inference.llamacpp import LlamaCppBackend, default_model_path, resolve_model_path
+from simpipe.inference.llamacpp_server import LlamaCppProcess
 from simpipe.inference.settings import LlamaCppSettings
 
 pytestmark = [pytest.mark.llm, pytest.mark.slow]
@@ -125,12 +123,6 @@ def test_default_model_path_is_reused(tmp_path, monkeypatch):
     assert [p.name for p in fresh.parent.iterdir()] == [path.name]  # no temp files left
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _post(url: str, body: dict) -> dict:
     req = urllib.request.Request(url, data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"})
@@ -139,17 +131,10 @@ def _post(url: str, body: dict) -> dict:
 
 
 def test_server_module_serves_and_stops_on_sigterm():
-    port = _free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "simpipe.inference.llamacpp_server", "--port", str(port),
-         "--parallel", "2", "--threads", "1"],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
+    server = LlamaCppProcess(parallel=2, threads=1).start()  # --port 0: a free port
     try:
-        line = proc.stdout.readline().strip()
-        assert line == f"simpipe-llamacpp-server listening on http://127.0.0.1:{port}"
-        base = f"http://127.0.0.1:{port}"
+        assert re.fullmatch(r"http://127\.0\.0\.1:[1-9][0-9]*", server.url), server.urls
+        base = server.url
         with urllib.request.urlopen(f"{base}/health", timeout=10) as resp:
             assert resp.status == 200
         with urllib.request.urlopen(f"{base}/v1/models", timeout=10) as resp:
@@ -160,11 +145,9 @@ def test_server_module_serves_and_stops_on_sigterm():
         })
         text = out["choices"][0]["text"]
         assert text.isdigit() and 0 <= int(text) <= 100
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == 0
-        assert proc.stdout.read() == ""  # exactly one line on stdout
+        server.proc.send_signal(signal.SIGTERM)
+        assert server.proc.wait(timeout=30) == 0
+        assert server.proc.stdout.read() == ""  # exactly one line on stdout
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        server.stop()
 

@@ -4,15 +4,14 @@ mask and draw again) on synthetic vocabularies where every logit is known."""
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 from scipy import stats
 
+from simpipe.inference.llamacpp_sampler import ChainSettings, TopLogprobs, next_token
+
 from llamacpp_reference import chain_probs as _chain_probs
 from llamacpp_reference import grammar_sampling as _exact
-from simpipe.inference.llamacpp_sampler import ChainSettings, TopLogprobs, next_token
 
 VOCAB = 5000
 

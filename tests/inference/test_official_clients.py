@@ -19,14 +19,6 @@ from openai.types import completion_create_params as completion_params
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from openai.types.chat import completion_create_params as chat_params
 from pydantic import TypeAdapter
-from simpipe.games.answer_format import number_grammar, number_json_schema, number_regex
-from simpipe.inference.base import Backend, GenerationRequest, OutputConstraint
-from simpipe.inference.emulator import Emulator, EmulatorOptions
-from simpipe.inference.emulator_profiles import get_profile
-from simpipe.inference.openai_compat import OpenAIBackend
-from simpipe.inference.settings import OpenAISettings, TgiSettings
-from simpipe.inference.stub_server import StubServer
-from simpipe.inference.tgi import TgiBackend
 from text_generation.types import (
     ChatComplete,
     ChatRequest,
@@ -37,6 +29,15 @@ from text_generation.types import (
     Response,
     StreamResponse,
 )
+
+from simpipe.games.answer_format import number_grammar, number_json_schema, number_regex
+from simpipe.inference.base import Backend, GenerationRequest, OutputConstraint
+from simpipe.inference.emulator import Emulator, EmulatorOptions
+from simpipe.inference.emulator_profiles import get_profile
+from simpipe.inference.openai_compat import OpenAIBackend
+from simpipe.inference.settings import OpenAISettings, TgiSettings
+from simpipe.inference.stub_server import StubServer
+from simpipe.inference.tgi import TgiBackend
 
 # text-generation 0.7.0 warns on every client that TGI is in maintenance mode.
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")

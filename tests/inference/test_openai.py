@@ -6,10 +6,11 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+
 from simpipe.inference.base import GenerationRequest, OutputConstraint
+from simpipe.inference.llamacpp_server import LlamaCppProcess
 from simpipe.inference.openai_compat import OpenAIBackend
 from simpipe.inference.settings import OpenAISettings
-from simpipe.inference.server_process import ServerProcess
 from simpipe.inference.stub_server import StubServer
 
 GBNF = 'root ::= "100" | [1-9] [0-9] | [0-9]'
@@ -122,7 +123,7 @@ def test_400_is_not_retried_and_keeps_the_message():
 
 @pytest.fixture(scope="module")
 def llama():
-    with ServerProcess(parallel=4) as server:
+    with LlamaCppProcess(parallel=4) as server:
         yield server
 
 
@@ -205,7 +206,7 @@ def test_chat_completions(llama):
 @pytest.mark.slow
 @pytest.mark.llm
 def test_a_server_killed_mid_batch_is_failed_over(llama):
-    doomed = ServerProcess(parallel=4)
+    doomed = LlamaCppProcess(parallel=4).start()
 
     async def go():
         backend = _backend(doomed.url, llama.url, retries=4)

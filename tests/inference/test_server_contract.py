@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 
 import pytest
+
 from simpipe.games.answer_format import number_regex
 from simpipe.games.parsing import parse_answer
 from simpipe.inference.server_contract import REASONING_SHARE, Invalid, parse

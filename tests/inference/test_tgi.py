@@ -9,9 +9,11 @@ import time
 
 import aiohttp
 import pytest
+
 from simpipe.inference.base import GenerationRequest, OutputConstraint
+from simpipe.inference.server_contract import answer_number
 from simpipe.inference.settings import TgiSettings
-from simpipe.inference.stub_server import StubServer, _answer
+from simpipe.inference.stub_server import StubServer
 from simpipe.inference.tgi import TgiBackend
 
 NUMBER = OutputConstraint(regex="(100|[1-9]?[0-9])")
@@ -92,7 +94,8 @@ def test_answers_come_back_in_request_order_with_details():
         return reqs, await backend.generate(reqs), backend.counters()
 
     reqs, results, counters = asyncio.run(with_stub(go, {"max_concurrency": 16}))
-    assert [r.text for r in results] == [_answer(q.seed, q.prompt, NUMBER.regex) for q in reqs]
+    expected = [answer_number(q.seed, q.prompt, NUMBER.regex) for q in reqs]
+    assert [r.text for r in results] == expected
     assert all(0 <= int(r.text) <= 100 for r in results)
     assert all(r.finish_reason == "eos_token" and r.tokens_out == len(r.text) for r in results)
     assert all(r.tokens_in > 0 for r in results)  # from TGI's x-prompt-tokens header
@@ -110,8 +113,8 @@ def test_concurrent_generate_calls_on_one_loop():
         return batches, outs
 
     batches, outs = asyncio.run(with_stub(go, {"max_concurrency": 8}))
-    for batch, out in zip(batches, outs):
-        assert [r.text for r in out] == [_answer(q.seed, q.prompt, None) for q in batch]
+    for batch, out in zip(batches, outs, strict=True):
+        assert [r.text for r in out] == [answer_number(q.seed, q.prompt, None) for q in batch]
 
 
 def test_429_then_success_is_retried_and_counted():

@@ -43,7 +43,7 @@ def test_conditional_counts_are_exact_per_parent(size, partitions):
     for parent, n in parent_counts.items():
         row = spec.row(parent)
         weights = np.array([row.get(label, 0.0) for label in spec.labels])
-        expected = dict(zip(spec.labels, largest_remainder(int(n), weights)))
+        expected = dict(zip(spec.labels, largest_remainder(int(n), weights), strict=True))
         got = frame.loc[frame["education"] == parent, "occupation"].value_counts()
         assert {k: v for k, v in got.items() if v} == {k: v for k, v in expected.items() if v}
     table, p = attribute_report(frame, config, "occupation")

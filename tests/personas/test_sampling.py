@@ -29,7 +29,7 @@ def test_exact_counts_over_the_whole_population(size, partitions):
     config = population(size, partitions)
     frame = whole(config)
     assert list(frame["agent_id"]) == list(range(size))
-    expected = dict(zip("abcde", largest_remainder(size, np.ones(5))))
+    expected = dict(zip("abcde", largest_remainder(size, np.ones(5)), strict=True))
     assert frame["cat"].value_counts().to_dict() == expected
     assert frame["age"].between(18, 80).all()
 

@@ -45,7 +45,8 @@ def test_render_matches_str_format_row_by_row():
 
 
 def test_default_template_names_every_attribute():
-    assert default_template(["age", "home_town"]) == "Your profile: age: {age}; home town: {home_town}."
+    assert (default_template(["age", "home_town"])
+            == "Your profile: age: {age}; home town: {home_town}.")
     frame = pd.DataFrame({"x": [1, 2]})
     assert render_template("no placeholders", frame).to_pylist() == ["no placeholders"] * 2
 

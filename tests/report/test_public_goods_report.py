@@ -8,11 +8,12 @@ import numpy as np
 import pandas as pd
 import pytest
 from click.testing import CliRunner
-from support import small_config
 
 from simpipe.cli import main
 from simpipe.report.build import build_report
 from simpipe.runner import run_simulation
+
+from support import small_config
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -13,11 +13,12 @@ from click.testing import CliRunner
 from scipy import stats
 
 from simpipe.cli import main
-from simpipe.report.build import build_report
 from simpipe.games.beauty_contest_game import rounds_to_equilibrium
 from simpipe.games.beauty_contest_reference import load_references
+from simpipe.report.build import build_report
 from simpipe.report.tables import confidence_interval
 from simpipe.runner import run_simulation
+
 from support import small_config
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

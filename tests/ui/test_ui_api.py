@@ -17,9 +17,10 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
-from support import small_config
 from simpipe.cli import main
 from simpipe.runner import run_simulation
+
+from support import small_config
 from uiserver import ServerThread, raw_request
 
 

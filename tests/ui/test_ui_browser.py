@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import threading
@@ -18,8 +19,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from support import small_config
+from simpipe.cluster import lifecycle, slurm
+from simpipe.inference.stub_server import StubProcess
 from simpipe.runner import run_simulation
+
+from support import small_config
 from uiserver import ServerThread
 
 pytestmark = [pytest.mark.browser]
@@ -49,7 +53,7 @@ def server(results) -> Iterator[ServerThread]:
 def browser(tmp_path_factory):
     if not CHROMIUM.exists():
         pytest.skip("Debian chromium is not installed (.ci/system-deps installs it)")
-    from playwright.sync_api import sync_playwright  # noqa: PLC0415
+    from playwright.sync_api import sync_playwright  # after the skip: only with a browser
 
     with sync_playwright() as pw:
         # Playwright owns --user-data-dir: a persistent context in a fresh folder passes it.
@@ -116,10 +120,6 @@ def test_runs_view_shows_a_finished_run_with_the_parquet_numbers(server, results
 def test_an_endpoint_the_run_lost_is_flagged_on_its_page(server, results, page, dask_client):
     """A run whose first endpoint refuses every connection (a server that is gone): its
     page flags that endpoint as lost, with how often it was taken out of the rotation."""
-    import socket  # noqa: PLC0415
-
-    from simpipe.inference.stub_server import StubProcess  # noqa: PLC0415
-
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         dead = f"http://127.0.0.1:{sock.getsockname()[1]}"  # nothing listens once closed
@@ -331,8 +331,6 @@ def _squeue(prefix: str) -> list[str]:
 @pytest.mark.slurm
 @pytest.mark.slow
 def test_cluster_brought_down_from_the_page(server, page, tmp_path, monkeypatch):
-    from simpipe.cluster import lifecycle, slurm  # noqa: PLC0415
-
     problem = slurm.controller_problem(timeout=10)
     if problem:
         pytest.skip(f"no SLURM controller ({problem}); run `bash cluster/local-slurm.sh up`")

@@ -10,10 +10,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from support import small_config
-from uiserver import ServerThread, raw_request
 
 from simpipe.runner import run_simulation
+
+from support import small_config
+from uiserver import ServerThread, raw_request
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 
@@ -65,7 +66,7 @@ def test_the_page_shows_contributions_beside_the_human_data(server, results, tmp
     chromium = Path("/usr/bin/chromium")
     if not chromium.exists():
         pytest.skip("Debian chromium is not installed (.ci/system-deps installs it)")
-    from playwright.sync_api import sync_playwright  # noqa: PLC0415
+    from playwright.sync_api import sync_playwright  # after the skip: only with a browser
 
     errors: list[str] = []
     with sync_playwright() as pw:

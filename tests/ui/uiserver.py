@@ -24,7 +24,7 @@ class ServerThread:
         self._stop: asyncio.Event | None = None
         self._thread = threading.Thread(target=self._main, daemon=True)
 
-    def __enter__(self) -> "ServerThread":
+    def __enter__(self) -> ServerThread:
         self._thread.start()
         if not self._ready.wait(30):
             raise RuntimeError("the UI server did not start")
