@@ -155,6 +155,12 @@ class EngineCloser(WorkerPlugin):
     async def teardown(self, worker: Any) -> None:
         if worker.status not in (Status.closing, Status.closing_gracefully, Status.closed):
             return
+        # Closing an engine takes a while, and dask stops a worker's heartbeat only after
+        # its plugins are torn down: without this, a scheduler that closed meanwhile shows
+        # up as a "Failed to communicate with scheduler during heartbeat" traceback.
+        heartbeat = getattr(worker, "periodic_callbacks", {}).get("heartbeat")
+        if heartbeat is not None:
+            heartbeat.stop()
         # On the loop the engines were made on: their sessions and tasks live there.
         closing = asyncio.run_coroutine_threadsafe(close_engines(), process_loop())
         await asyncio.wrap_future(closing)
