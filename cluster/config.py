@@ -107,8 +107,8 @@ class _Section(BaseModel):
 class AdaptConfig(_Section):
     """``cluster.adapt = {minimum, maximum}``: SLURM jobs follow the task load."""
 
-    minimum: StrictInt = Field(0, ge=0)
-    maximum: StrictInt = Field(1, ge=1)
+    minimum: StrictInt = Field(0, ge=0, description="the fewest worker jobs")
+    maximum: StrictInt = Field(1, ge=1, description="the most worker jobs")
 
     @model_validator(mode="after")
     def _order(self) -> AdaptConfig:
@@ -124,12 +124,23 @@ class EmulatedServersConfig(_Section):
     """``[cluster.servers.emulated]``: GPU servers emulated by ``simpipe.inference.emulator``
     (``kind = "emulated"``, or any kind under ``simpipe run --emulate``)."""
 
-    profile: str = "a100-llama3-8b"  # a name from simpipe.inference.emulator_profiles
-    params: dict[str, float] = Field(default_factory=dict)  # per-parameter profile overrides
-    time_scale: float = Field(1.0, gt=0)  # the model runs this many times faster than a GPU
-    gpus_per_process: int = Field(8, ge=1)  # emulated GPUs (servers, ports) per process/job
-    protocol: Literal["tgi", "openai"] = "tgi"  # tgi: TGI's routes; openai: vLLM's only
-    model_id: str = ""  # the served model's name ("" = cluster.servers.model)
+    profile: str = Field("a100-llama3-8b", description=(
+        "the timing profile, a name from `simpipe.inference.emulator_profiles`: "
+        "`a100-llama3-8b`, `h100-llama3-8b`, `fast` ([emulator](emulator.md))"))
+    params: dict[str, float] = Field(default_factory=dict, description=(
+        "per-parameter overrides of the profile: `max_batch`, `max_batch_prefill_tokens`, "
+        "`max_concurrent_requests`, `prefill_s_per_token`, `step_base_s`, `step_per_seq_s`"))
+    time_scale: float = Field(1.0, gt=0, description=(
+        "the emulation runs this many times faster than the GPUs would; every figure it "
+        "reports is GPU time"))
+    gpus_per_process: int = Field(8, ge=1, description=(
+        "emulated GPUs (servers, consecutive ports) per emulator process, i.e. per SLURM job"))
+    protocol: Literal["tgi", "openai"] = Field("tgi", description=(
+        "`tgi`: TGI's routes (and the OpenAI ones TGI also serves); `openai`: vLLM's OpenAI "
+        "routes only"))
+    model_id: str = Field("", description=(
+        "the served model's name (`\"\"`: `cluster.servers.model`); with `openai`, another "
+        "name gets vLLM's 404"))
 
     @model_validator(mode="after")
     def _known_profile(self) -> EmulatedServersConfig:
@@ -140,31 +151,53 @@ class EmulatedServersConfig(_Section):
 class ServersConfig(_Section):
     """``[cluster.servers]``: inference servers started as SLURM jobs next to the workers.
 
-    ``command`` is a template with ``{model} {host} {port} {gpus} {cpus} {python}
-    {extra_args} {index}``; empty means the ready-made one for ``kind``.
+    Only ``cluster.kind = "slurm"`` starts server jobs; the other kinds run emulated servers
+    (``kind = "emulated"``) as local processes. TGI servers feed ``agents.backend = "tgi"``,
+    vLLM and llama.cpp servers ``agents.backend = "openai"``: their URLs (node address +
+    port) replace ``agents.<backend>.endpoints``.
     """
 
-    kind: ServerKind = "none"
-    model: str = ""  # model id (TGI, vLLM) or GGUF path (llama.cpp; "" = the embedded Gemma)
-    command: str = ""
-    extra_args: str = ""
-    nodes: StrictInt = Field(1, ge=1)
-    per_node: StrictInt = Field(1, ge=1)  # servers per node: one per GPU on GPU nodes
-    gpus_per_server: StrictInt = Field(0, ge=0)
-    cpus_per_server: StrictInt = Field(1, ge=1)
-    memory: MemoryAmount = "4GB"  # per server job
-    walltime: WalltimeOrDefault = ""  # "" = cluster.walltime
-    port: StrictInt = Field(8300, ge=1, le=65535)  # server i listens on port + i
-    host: str = "0.0.0.0"  # bind address on the node
-    container: Literal["none", "apptainer", "singularity"] = "none"
-    image: str = ""  # container image (.sif or docker://...)
-    container_args: str = ""  # e.g. "--bind /scratch"
-    startup_timeout_s: FiniteFloat = Field(900.0, gt=0)  # model downloads and loads take minutes
-    health_path: str = "/health"
-    models_path: str = "/v1/models"  # "" skips this check
-    job_extra_directives: list[str] = Field(default_factory=list)
-    job_script_prologue: list[str] = Field(default_factory=list)
-    emulated: EmulatedServersConfig = EmulatedServersConfig()
+    kind: ServerKind = Field("none", description=(
+        "`none`, `tgi`, `vllm`, `llamacpp` (the embedded engine's HTTP server, for CPU nodes), "
+        "`custom` (needs `command`), `emulated` (simpipe's GPU server emulator: "
+        "[emulator](emulator.md))"))
+    model: str = Field("", description=(
+        "model id (TGI, vLLM) or GGUF path (llama.cpp; `\"\"`: the embedded Gemma)"))
+    command: str = Field("", description=(
+        "the server's command line, a template with `{model} {host} {port} {gpus} {cpus} "
+        "{python} {extra_args} {index}`; `\"\"`: the ready-made one for `kind`"))
+    extra_args: str = Field("", description="appended to the command template's `{extra_args}`")
+    nodes: StrictInt = Field(1, ge=1, description=(
+        "nodes with servers; `nodes` x `per_node` servers in all, one SLURM job each"))
+    per_node: StrictInt = Field(1, ge=1, description=(
+        "servers per node: one per GPU on GPU nodes"))
+    gpus_per_server: StrictInt = Field(0, ge=0, description=(
+        "GPUs per server job (`--gres=gpu:N`); with `kind = \"emulated\"` the jobs ask for "
+        "none and this only counts GPU-hours"))
+    cpus_per_server: StrictInt = Field(1, ge=1, description="CPUs per server job")
+    memory: MemoryAmount = Field("4GB", description="memory per server job")
+    walltime: WalltimeOrDefault = Field("", description=(
+        "per server job; `\"\"`: `cluster.walltime`"))
+    port: StrictInt = Field(8300, ge=1, le=65535, description=(
+        "server `i` listens on `port + i`"))
+    host: str = Field("0.0.0.0", description="the servers' bind address on the node")
+    container: Literal["none", "apptainer", "singularity"] = Field("none", description=(
+        "run each server as `apptainer` or `singularity` `exec [--nv] ARGS IMAGE COMMAND`"))
+    image: str = Field("", description="the container image (`.sif` or `docker://...`)")
+    container_args: str = Field("", description=(
+        "the container's `ARGS`, e.g. `\"--bind /scratch\"`"))
+    startup_timeout_s: FiniteFloat = Field(900.0, gt=0, description=(
+        "until every server answers `health_path` and `models_path` (model downloads and "
+        "loads take minutes)"))
+    health_path: str = Field("/health", description="health check; `\"\"` skips it")
+    models_path: str = Field("/v1/models", description=(
+        "second health check, the served models; `\"\"` skips it"))
+    job_extra_directives: list[str] = Field(default_factory=list, description=(
+        "extra `#SBATCH` lines of the server jobs, e.g. `[\"--constraint=a100\"]`"))
+    job_script_prologue: list[str] = Field(default_factory=list, description=(
+        "shell lines before each server starts (`module load ...`)"))
+    emulated: EmulatedServersConfig = Field(EmulatedServersConfig(), description=(
+        "the emulator's settings, for `kind = \"emulated\"` and for `--emulate`"))
 
     @model_validator(mode="after")
     def _consistent(self) -> ServersConfig:
@@ -198,9 +231,10 @@ class ServersConfig(_Section):
 
 
 class _Cluster(_Section):
-    """What every cluster kind has: the inference servers its runs use."""
+    """Every kind also takes ``[cluster.servers]``, the inference servers its runs use."""
 
-    servers: ServersConfig = ServersConfig()
+    servers: ServersConfig = Field(ServersConfig(), description=(
+        "inference servers started for each run (or kept warm by `simpipe cluster up`)"))
 
     #: Whether this kind starts server jobs; the others run only emulated servers (as
     #: local processes).
@@ -218,9 +252,10 @@ class _Cluster(_Section):
 
 
 class _WithDashboard(_Cluster):
-    # The Dask dashboard; loopback only, like `simpipe ui` (reach it through an SSH tunnel).
-    # "" turns it off: no HTTP server at all (simpipe.cluster.dashboard_off).
-    dashboard_address: str = "127.0.0.1:8787"
+    dashboard_address: str = Field("127.0.0.1:8787", description=(
+        "the Dask dashboard, on loopback like `simpipe ui` (`ssh -L 8787:127.0.0.1:8787 "
+        "login` to see it from elsewhere; `\":8787\"` for every interface); `\"\"` turns it "
+        "off: no HTTP server listens at all"))
 
     @field_validator("dashboard_address")
     @classmethod
@@ -236,9 +271,11 @@ class LocalClusterConfig(_WithDashboard):
     """``kind = "local"``: a ``distributed.LocalCluster`` of worker processes on this machine."""
 
     kind: Literal["local"] = "local"
-    workers: StrictInt = Field(2, ge=1)
-    threads_per_worker: StrictInt = Field(1, ge=1)
-    memory_limit: str = "auto"  # per worker, e.g. "4GiB"; "auto": RAM / workers
+    workers: StrictInt = Field(2, ge=1, description="worker processes")
+    threads_per_worker: StrictInt = Field(1, ge=1, description=(
+        "partitions a worker plays at once"))
+    memory_limit: str = Field("auto", description=(
+        "per worker, e.g. `\"4GiB\"`; `\"auto\"`: the machine's memory / workers"))
 
     @field_validator("memory_limit")
     @classmethod
@@ -250,7 +287,8 @@ class AddressClusterConfig(_Cluster):
     """``kind = "address"``: an existing scheduler (``simpipe cluster up``, ``dask scheduler``)."""
 
     kind: Literal["address"] = "address"
-    address: str | None = None  # e.g. "tcp://10.0.0.5:8786"
+    address: str | None = Field(None, description=(
+        "the scheduler, e.g. `\"tcp://10.0.0.5:8786\"` (required)"))
 
     @model_validator(mode="after")
     def _has_address(self) -> AddressClusterConfig:
@@ -266,26 +304,43 @@ class SlurmClusterConfig(_WithDashboard):
     server_jobs: ClassVar[bool] = True
 
     kind: Literal["slurm"] = "slurm"
-    queue: str | None = None
-    account: str | None = None
-    walltime: Walltime = "01:00:00"
-    cores: StrictInt = Field(1, ge=1)
-    memory: MemoryAmount = "2GB"
-    processes: StrictInt = Field(1, ge=1)
-    jobs: StrictInt | None = Field(None, ge=0)  # fixed job count (default 1 unless adapt is set)
-    adapt: AdaptConfig | None = None
-    interface: str | None = None  # workers' network interface, e.g. "ib0"
-    scheduler_options: dict[str, Any] = Field(default_factory=dict)  # e.g. {interface = "eth0"}
-    local_directory: str | None = None  # node-local scratch for spilling, e.g. "$TMPDIR"
-    log_directory: str | None = None  # job stdout/stderr
-    job_extra_directives: list[str] = Field(default_factory=list)  # e.g. ["--gres=gpu:1"]
-    job_script_prologue: list[str] = Field(default_factory=list)  # e.g. ["module load cuda"]
-    python: str | None = None  # the Python on the nodes; default: this interpreter
-    start_timeout_s: FiniteFloat = Field(600.0, gt=0)  # for the first workers to connect
-    # "auto": retire workers before SLURM kills them at walltime (see worker_lifetime_args);
-    # "none": no lifetime; or a duration such as "55m"
-    worker_lifetime: str = "auto"
-    worker_lifetime_stagger: str = "auto"
+    queue: str | None = Field(None, description="the SLURM partition (`--partition`)")
+    account: str | None = Field(None, description="the SLURM account (`--account`)")
+    walltime: Walltime = Field("01:00:00", description=(
+        "per worker job (`HH:MM:SS`, `D-HH:MM:SS`)"))
+    cores: StrictInt = Field(1, ge=1, description="per job, shared by its `processes`")
+    memory: MemoryAmount = Field("2GB", description="per job, shared by its `processes`")
+    processes: StrictInt = Field(1, ge=1, description="worker processes per job")
+    jobs: StrictInt | None = Field(None, ge=0, description=(
+        "a fixed number of worker jobs; not set: 1, or none while `adapt` is set"))
+    adapt: AdaptConfig | None = Field(None, description=(
+        "`{ minimum = 0, maximum = 8 }` worker jobs, following the task load (instead of "
+        "`jobs`)"))
+    interface: str | None = Field(None, description=(
+        "the workers' network interface (`\"ib0\"`, `\"lo\"`)"))
+    scheduler_options: dict[str, Any] = Field(default_factory=dict, description=(
+        "passed to the scheduler, e.g. `{ interface = \"eth0\", port = 8786 }`"))
+    local_directory: str | None = Field(None, description=(
+        "node-local scratch for the workers' spilling, e.g. `\"$TMPDIR\"`"))
+    log_directory: str | None = Field(None, description=(
+        "job stdout and stderr of the worker and server jobs; not set: `<run>/logs/slurm` "
+        "(`simpipe cluster up`: `$SIMPIPE_HOME/clusters/<name>/logs`)"))
+    job_extra_directives: list[str] = Field(default_factory=list, description=(
+        "extra `#SBATCH` lines, e.g. `[\"--gres=gpu:1\", \"--constraint=a100\"]`"))
+    job_script_prologue: list[str] = Field(default_factory=list, description=(
+        "shell lines before the worker starts (`module load ...`, "
+        "`source .venv/bin/activate`)"))
+    python: str | None = Field(None, description=(
+        "the Python the nodes run; not set: this interpreter"))
+    start_timeout_s: FiniteFloat = Field(600.0, gt=0, description=(
+        "for the first workers to connect"))
+    worker_lifetime: str = Field("auto", description=(
+        "the workers' `--lifetime`, so that Dask retires them before SLURM kills them at "
+        "`walltime`; `\"auto\"`: end 5 % (>= 60 s) + the stagger before `walltime`; "
+        "`\"none\"`; or a duration (`\"55m\"`)"))
+    worker_lifetime_stagger: str = Field("auto", description=(
+        "the workers' `--lifetime-stagger`; `\"auto\"`: 5 % of `walltime`, at most 5 min; "
+        "`\"none\"`; or a duration"))
 
     @model_validator(mode="after")
     def _consistent(self) -> SlurmClusterConfig:

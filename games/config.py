@@ -54,25 +54,35 @@ def parse_ratio(value: object) -> Fraction:
 
 
 class GameSettings(BaseModel):
-    """The keys every game's table has."""
+    """Every game's table has ``rounds``, ``group_size`` and ``prompt``."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     kind: str
-    rounds: StrictInt = Field(3, ge=1)
-    group_size: StrictInt = Field(0, ge=0)
-    prompt: Literal["basic", "cot"] = "basic"
+    rounds: StrictInt = Field(3, ge=1, description="rounds played")
+    group_size: StrictInt = Field(0, ge=0, description=(
+        "`0`: everyone plays one game; `n`: seeded groups of `n` (the remainder is spread, "
+        "nobody dropped)"))
+    prompt: Literal["basic", "cot"] = Field("basic", description=(
+        "`basic`: answer with the number; `cot`: think step by step, then the number after "
+        "`Final answer:`"))
 
 
 class BeautyContestConfig(GameSettings):
-    """The p-beauty contest: target = offset + ratio * mean, clipped to [low, high]."""
+    """The p-beauty contest: target = offset + ratio * mean, clipped to [low, high]; its
+    equilibrium and scripted players: [games](games.md)."""
 
     kind: Literal["beauty_contest"] = "beauty_contest"
-    ratio: str = "2/3"
-    offset: FiniteFloat = Field(0.0, ge=-VALUE_LIMIT, le=VALUE_LIMIT)
-    low: FiniteFloat = Field(0.0, ge=-VALUE_LIMIT, le=VALUE_LIMIT)
-    high: FiniteFloat = Field(100.0, ge=-VALUE_LIMIT, le=VALUE_LIMIT)
-    disclose_variant: bool = False
+    ratio: str = Field("2/3", description=(
+        "a fraction string (`\"2/3\"`, `\"51/100\"`) or a number (`0.5`); > 0"))
+    offset: FiniteFloat = Field(0.0, ge=-VALUE_LIMIT, le=VALUE_LIMIT, description=(
+        "target = `offset + ratio * mean`, clipped to `[low, high]`"))
+    low: FiniteFloat = Field(0.0, ge=-VALUE_LIMIT, le=VALUE_LIMIT, description=(
+        "the lowest allowed guess; below `high`"))
+    high: FiniteFloat = Field(100.0, ge=-VALUE_LIMIT, le=VALUE_LIMIT, description=(
+        "the highest allowed guess"))
+    disclose_variant: bool = Field(False, description=(
+        "tell the agents the game is a variant of \"guess 2/3 of the average\""))
 
     @field_validator("ratio", mode="before")
     @classmethod
@@ -111,12 +121,16 @@ class PublicGoodsConfig(GameSettings):
     0..endowment points; payoff = endowment - own contribution + mpcr * group total."""
 
     kind: Literal["public_goods"] = "public_goods"
-    rounds: StrictInt = Field(10, ge=1)
-    # Fixed groups of exactly this size (the population must divide into them).
-    group_size: StrictInt = Field(4, ge=2)
-    endowment: StrictInt = Field(20, ge=1, le=ENDOWMENT_LIMIT)
+    rounds: StrictInt = Field(10, ge=1, description="rounds played, in the same groups")
+    group_size: StrictInt = Field(4, ge=2, description=(
+        "fixed groups of exactly this size: `population.size` must be a multiple of it"))
+    endowment: StrictInt = Field(20, ge=1, le=ENDOWMENT_LIMIT, description=(
+        "points each member receives every round; a contribution is a whole number from 0 "
+        "to it"))
     # Below 1: keeping a point always pays more than contributing it (the dilemma).
-    mpcr: FiniteFloat = Field(0.4, gt=0, lt=1)
+    mpcr: FiniteFloat = Field(0.4, gt=0, lt=1, description=(
+        "marginal per-capita return: payoff = endowment - contribution + mpcr * the group's "
+        "total"))
 
 
 # One entry per game: its ``kind`` and its table.

@@ -52,7 +52,9 @@ def _check_weights(values: dict[str, float]) -> dict[str, float]:
 class CategoricalAttribute(_Section):
     """``values = { label = weight, ... }``; weights are normalised."""
 
-    values: dict[str, float]
+    values: dict[str, float] = Field(description=(
+        "`{ label = weight, ... }`: the labels and their weights (finite, >= 0, not all 0; "
+        "normalised)"))
 
     @field_validator("values")
     @classmethod
@@ -69,11 +71,17 @@ class IntegerAttribute(_Section):
     (``distribution = "normal"``, ``mean``, ``sd``) clipped to ``[min, max]``."""
 
     # max + 1 is the exclusive bound of numpy's int64 draw.
-    min: StrictInt = Field(ge=INT64_MIN, le=INT64_MAX - 1)
-    max: StrictInt = Field(ge=INT64_MIN, le=INT64_MAX - 1)
-    distribution: Literal["uniform", "normal"] = "uniform"
-    mean: FiniteFloat | None = None
-    sd: FiniteFloat | None = Field(None, gt=0)
+    min: StrictInt = Field(ge=INT64_MIN, le=INT64_MAX - 1,
+                           description="the smallest value, included")
+    max: StrictInt = Field(ge=INT64_MIN, le=INT64_MAX - 1,
+                           description="the largest value, included; >= `min`")
+    distribution: Literal["uniform", "normal"] = Field("uniform", description=(
+        "`uniform`: every integer in `[min, max]` equally likely; `normal`: a normal draw "
+        "(`mean`, `sd`) rounded and clipped to `[min, max]`"))
+    mean: FiniteFloat | None = Field(None, description=(
+        "the normal's mean, within `[min, max]`; only with `distribution = \"normal\"`"))
+    sd: FiniteFloat | None = Field(None, gt=0, description=(
+        "the normal's standard deviation; only with `distribution = \"normal\"`"))
 
     @model_validator(mode="after")
     def _order(self) -> IntegerAttribute:
@@ -95,8 +103,12 @@ class ConditionalAttribute(_Section):
     ``given = "education"`` and ``values_given = { parent label = { label = weight } }``,
     with an optional ``default`` row for parent labels without their own."""
 
-    given: str
-    values_given: dict[str, dict[str, float]]
+    given: str = Field(description=(
+        "the parent attribute (categorical or conditional; chains are allowed, a cycle is "
+        "an error naming it)"))
+    values_given: dict[str, dict[str, float]] = Field(description=(
+        "`{ parent label = { label = weight } }`: every label of the parent needs a row, or "
+        "a `default` row covers the others"))
 
     @field_validator("values_given")
     @classmethod
@@ -134,23 +146,36 @@ def attribute_labels(spec: Attribute) -> list[str] | None:
 class PersonaConfig(_Section):
     """``[population.persona]``: the text each agent's prompt carries about itself."""
 
-    mode: Literal["none", "template", "llm"] = "none"
-    # A str.format template over attribute names; None: one built from every attribute.
-    # In "llm" mode it is the fallback for generations that fail validation.
-    template: str | None = None
+    mode: Literal["none", "template", "llm"] = Field("none", description=(
+        "`none`: no `persona` column; `template`: rendered from `template`; `llm`: written by "
+        "a model from each agent's record (see [personas](populations.md#personas))"))
+    template: str | None = Field(None, description=(
+        "`str.format` text over attribute names (and `agent_id`), e.g. `\"You are a "
+        "{age}-year-old {occupation}.\"`; not set: one naming every attribute. In `llm` mode, "
+        "the fallback for an output that fails its checks"))
     # --- "llm" mode: the meta-prompt and how its output is checked ---
-    max_tokens: StrictInt = Field(120, ge=8, le=4096)
-    temperature: FiniteFloat = Field(0.8, ge=0)
-    top_p: FiniteFloat = Field(0.95, gt=0, le=1)
-    retries: StrictInt = Field(2, ge=0, le=10)  # extra attempts (new seeds) before the fallback
-    min_chars: StrictInt = Field(40, ge=1)  # bounds on the generated description
-    max_chars: StrictInt = Field(600, ge=1)
-    # Attributes the output is checked against; None: "age" / "gender" when they exist.
-    age_attribute: str | None = None
-    gender_attribute: str | None = None
-    # Which back-end and model writes the personas, same keys as [agents]' back-end part
-    # (backend, llamacpp, tgi, openai); validated by simpipe.config. Empty: embedded llama.cpp.
-    agents: dict[str, Any] = Field(default_factory=dict)
+    max_tokens: StrictInt = Field(120, ge=8, le=4096,
+                                  description="`llm` mode: new tokens per persona")
+    temperature: FiniteFloat = Field(0.8, ge=0,
+                                     description="`llm` mode: sampling temperature")
+    top_p: FiniteFloat = Field(0.95, gt=0, le=1, description="`llm` mode: nucleus sampling")
+    retries: StrictInt = Field(2, ge=0, le=10, description=(
+        "`llm` mode: extra attempts (new seeds) for an output that fails the checks, before "
+        "the template fallback"))
+    min_chars: StrictInt = Field(40, ge=1, description=(
+        "`llm` mode: the shortest description accepted (characters)"))
+    max_chars: StrictInt = Field(600, ge=1, description=(
+        "`llm` mode: the longest description accepted (characters); >= `min_chars`"))
+    age_attribute: str | None = Field(None, description=(
+        "`llm` mode: the attribute a stated age is checked against; not set: `age` if it "
+        "exists"))
+    gender_attribute: str | None = Field(None, description=(
+        "`llm` mode: the attribute the output's gender words are checked against; not set: "
+        "`gender` if it exists"))
+    agents: dict[str, Any] = Field(default_factory=dict, description=(
+        "`llm` mode: which back-end writes the personas: `backend` (`llamacpp`, `tgi`, "
+        "`openai`) and its `llamacpp` / `tgi` / `openai` table, as under `[agents]`; empty: "
+        "the embedded llama.cpp with its default model. Sampling is set by the keys above"))
 
     @model_validator(mode="after")
     def _bounds(self) -> PersonaConfig:
@@ -161,11 +186,26 @@ class PersonaConfig(_Section):
 
 
 class PopulationConfig(_Section):
-    size: StrictInt = Field(1000, ge=1, le=MAX_POPULATION)
-    partitions: StrictInt | None = Field(None, ge=1, le=MAX_PARTITIONS)
-    partition_size: StrictInt | None = Field(None, ge=1, le=MAX_PARTITION_AGENTS)
-    sampling: Literal["exact", "random"] = "exact"
-    attributes: dict[str, Attribute] = Field(default_factory=dict)
+    size: StrictInt = Field(1000, ge=1, le=MAX_POPULATION, description=(
+        "number of agents. Below 10^9: exact sampling splits counts with numpy's "
+        "hypergeometric draw, which needs that. At most 2,000,000 agents per partition (a "
+        "partition is one task's working set: 180-210 bytes per scripted agent and round, "
+        "measured on one partition of 1 and 2 million; LLM agents add their prompt texts). The "
+        "client holds the group of every agent (4 bytes each; 4 GB at the bound, about 20 "
+        "bytes each while `group_size > 0` is assigned)"))
+    partitions: StrictInt | None = Field(None, ge=1, le=MAX_PARTITIONS, description=(
+        "number of Parquet partitions, the unit of work of a Dask task; not set: 8 (or "
+        "`size`, if smaller)"))
+    partition_size: StrictInt | None = Field(None, ge=1, le=MAX_PARTITION_AGENTS, description=(
+        "instead of `partitions`: agents per partition (not both)"))
+    sampling: Literal["exact", "random"] = Field("exact", description=(
+        "`exact`: label counts follow the weights exactly (largest remainder, per parent label "
+        "for conditionals, over all partitions), then a seeded shuffle; `random`: i.i.d. "
+        "draws"))
+    attributes: dict[str, Attribute] = Field(default_factory=dict, description=(
+        "one table per attribute, `[population.attributes.<name>]`; its keys say its kind. "
+        "Each becomes a column of the population; these names are reserved for other "
+        "columns: " + ", ".join(f"`{c}`" for c in sorted(RESERVED_COLUMNS))))
     persona: PersonaConfig = PersonaConfig()
 
     @field_validator("attributes", mode="before")

@@ -28,18 +28,26 @@ LATENCY_LIMIT_S = 3600.0
 
 
 class ScriptedSettings(BaseModel):
-    """Rule-based agents (cognitive hierarchy); no LLM."""
+    """Rule-based agents; no LLM. The beauty contest's follow the cognitive-hierarchy model
+    (Camerer, Ho & Chong 2004) with these keys; the public goods game's are calibrated to
+    human data and take only ``latency_s`` from here ([games](games.md)).
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    tau: FiniteFloat = Field(1.5, ge=0, le=DEPTH_LIMIT)
-    # The sd of a log-normal factor: exp(10 * a normal draw) still fits a float64.
-    noise: FiniteFloat = Field(0.25, ge=0, le=10)
-    latency_s: FiniteFloat = Field(0.0, ge=0, le=LATENCY_LIMIT_S)
-    # attribute -> label -> added to this agent's mean reasoning depth
+    tau: FiniteFloat = Field(1.5, ge=0, le=DEPTH_LIMIT, description=(
+        "mean reasoning depth (Poisson); level 0 guesses uniformly in round 1 and stays near "
+        "the last winning number later; level k best-responds to the levels below"))
+    # The bound: exp(10 * a normal draw) still fits a float64.
+    noise: FiniteFloat = Field(0.25, ge=0, le=10, description=(
+        "the sd of a log-normal factor on the distance to the equilibrium"))
+    latency_s: FiniteFloat = Field(0.0, ge=0, le=LATENCY_LIMIT_S, description=(
+        "each agent awaits this long (asyncio), like the paper's dummy agents"))
     depth_shift: dict[str, dict[str, Annotated[FiniteFloat, Field(ge=-DEPTH_LIMIT,
                                                                   le=DEPTH_LIMIT)]]] = Field(
-        default_factory=dict)
+        default_factory=dict, description=(
+            "`attribute = { label = shift }`: added to the mean reasoning depth of an agent "
+            "with that label, e.g. `education = { \"Ph.D.\" = 1.0 }`"))
 
 
 def _load(target: str) -> Any:

