@@ -38,11 +38,11 @@ from simpipe.console import Console
 from simpipe.games.parsing import parse_many
 from simpipe.inference.base import GenerationRequest
 from simpipe.inference.llamacpp import (
+    build_has_llguidance,
     build_params,
     open_engine,
     request_body,
     resolve_model_path,
-    supports_llguidance,
 )
 from simpipe.inference.llamacpp_server import LlamaCppProcess
 from simpipe.layout import RunPaths
@@ -115,7 +115,7 @@ def raw_engine(requests: list[GenerationRequest], n_parallel: int, model_path: P
     server = open_engine(build_params(model_path, n_parallel=n_parallel, n_ctx=0, threads=0))
     if grammar == "none":
         requests = [replace(r, constraint=None) for r in requests]
-    llguidance = grammar == "pipeline" and supports_llguidance(server)
+    llguidance = grammar == "pipeline" and build_has_llguidance()
     bodies = [request_body(r, cache_prompt=True, llguidance=llguidance)[1] for r in requests]
     texts: list[str | None] = [None] * len(bodies)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import functools
 import os
 import threading
 import time
@@ -187,18 +188,18 @@ def open_engine(params: Any) -> Any:
     return xllamacpp.Server(params)
 
 
-_LLGUIDANCE_CHECK = {"prompt": "0", "max_tokens": 1, "temperature": 0.0, "n_probs": 0,
-                     "grammar": '%llguidance {}\nstart: "7"\n', "cache_prompt": False}
+@functools.cache
+def build_has_llguidance() -> bool:
+    """Whether this xllamacpp build takes llguidance grammars: its JSON-schema converter
+    then emits one (``%llguidance``). Asked of the converter, not the engine, so that no
+    call leaves anything in the engine's cache before a run's first prompt."""
+    import xllamacpp
 
-
-def supports_llguidance(server: Any) -> bool:
-    """Whether this llama.cpp build takes llguidance grammars: one one-token call that only
-    such a build answers with "7" (another rejects the grammar or ignores it)."""
     try:
-        response = server.handle_completions(dict(_LLGUIDANCE_CHECK))
-        return response["choices"][0]["text"] == "7"
+        grammar = xllamacpp.json_schema_to_grammar('{"type": "integer"}')
     except (*_CALL_ERRORS, AttributeError):
         return False
+    return isinstance(grammar, str) and grammar.startswith("%llguidance")
 
 
 def request_body(req: GenerationRequest, cache_prompt: bool,
@@ -349,7 +350,7 @@ class LlamaCppBackend(Backend):
             threads=settings.threads,
         )
         self._server: Any = open_engine(params)
-        self.llguidance = supports_llguidance(self._server)
+        self.llguidance = build_has_llguidance()
         # One blocked thread per slot keeps every slot busy; more would only queue
         # inside llama.cpp.
         self._pool = ThreadPoolExecutor(
