@@ -338,7 +338,7 @@ def _error_lines(exc: ValidationError, raw: dict) -> list[str]:
         if err["type"] == "extra_forbidden":
             section = _walk(err["loc"][:-1])[2]
             names = list(section.model_fields) if section else []
-            allowed = ", ".join(sorted(names, key=lambda n: n != "kind")) or "see the README"
+            allowed = ", ".join(sorted(names, key=lambda n: n != "kind")) or "see docs/config.md"
             # Name the kind where it decided which keys belong (a key of another kind).
             section_key = ".".join(keys[:-1])
             chosen = [(where, kind) for where, kind in kinds if where == section_key]

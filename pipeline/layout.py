@@ -1,4 +1,4 @@
-"""Where a run's files live (README "Results schema"); the only place paths are spelled."""
+"""Where a run's files live (README.md, "Results schema"); the only place paths are spelled."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Plain Markdown tables for benchmark and report output (pasteable into the README)."""
+"""Plain Markdown tables for benchmark and report output (pasteable into the docs)."""
 
 from __future__ import annotations
 

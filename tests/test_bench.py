@@ -1,6 +1,6 @@
 """The ``simpipe bench client``, ``engine`` and ``share`` commands, end to end, at a size
 that runs in seconds: every row present, every request answered. No timing assertions:
-the figures themselves are for the README, measured on an idle machine."""
+the figures themselves are for docs/benchmarks.md, measured on an idle machine."""
 
 from __future__ import annotations
 

@@ -31,7 +31,8 @@ from simpipe.inference.answer_distribution import (
 from simpipe.inference.base import Backend
 from simpipe.inference.llamacpp_sampler import ChainSettings
 
-# Why a back-end cannot share answers (the README's "Shared answers" has the details).
+# Why a back-end cannot share answers (details: docs/shared-answers.md, "What each
+# back-end can expose").
 _BACKEND_LIMITS = {
     "tgi": "TGI returns at most 5 top tokens per position (--max-top-n-tokens) and no "
            "probabilities after a chosen continuation",

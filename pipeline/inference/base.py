@@ -137,7 +137,7 @@ class Backend(abc.ABC):
     #: Whether it can return raw next-token log-probabilities for a prompt followed by
     #: token ids, with the vocabulary facts to interpret them (``logprob_session``,
     #: ``answer_vocab``): what sharing one answer distribution per distinct prompt needs.
-    #: Why the others cannot is in the README ("Shared answers").
+    #: Why the others cannot is in docs/shared-answers.md ("What each back-end can expose").
     supports_answer_distributions: bool = False
 
     @abc.abstractmethod

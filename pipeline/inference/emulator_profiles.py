@@ -18,8 +18,8 @@ So a GPU kept full serves ``1 / (n_out * step(B) / B + n_in * prefill)`` request
 for ``n_in`` prompt and ``n_out`` generated tokens (``B = max_batch``). The two calibrated
 profiles solve that equation for the two unknowns ``c = step(B) / B`` and ``prefill`` from
 two published throughputs, and take ``step_base_s`` from the published time per output
-token at light load (a step with few sequences). The arithmetic is in README.md
-("Emulated GPU servers").
+token at light load (a step with few sequences). The arithmetic is in docs/emulator.md
+("Profiles").
 """
 
 from __future__ import annotations

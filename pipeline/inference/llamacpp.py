@@ -120,7 +120,7 @@ def build_params(
     threads: int,
     host: str = "127.0.0.1",
     port: int = 0,
-    verbosity: int = 2,
+    verbosity: int = 1,
 ) -> Any:
     """xllamacpp ``CommonParams`` for one model: the only place they are built.
 
@@ -145,7 +145,9 @@ def build_params(
     params.cpuparams_batch.n_threads = n_threads
     params.hostnames = [host]
     params.port = port
-    # 3 (info) logs every request to stderr; 2 keeps warnings and errors.
+    # 3 (info) logs every request to stderr; 2 adds warnings (a run prints dozens of
+    # harmless ones, e.g. a fully cached prompt); 1 keeps errors, which a request also
+    # returns as its own error.
     params.verbosity = verbosity
     # Server-side defaults for requests that do not set them (llama.cpp's are top_k 40 and
     # min_p 0.05): off, so that a client's temperature and top_p mean what they say.

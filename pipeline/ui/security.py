@@ -1,6 +1,6 @@
 """Who may talk to the UI, and which paths a name in a URL may reach.
 
-The model (README "Web UI"):
+The model (docs/ui.md, "Security model"):
 
 - Bound to a loopback address, the UI needs no token; a Host-header check refuses pages
   served under any other host name, so a web site cannot reach it by DNS rebinding.

@@ -50,7 +50,7 @@ def test_profiles_reproduce_their_published_throughput(name, workload):
 @pytest.mark.parametrize(("name", "workload"),
                          [(n, w) for n, ws in HELD_OUT.items() for w in ws])
 def test_held_out_workload_is_underestimated_as_documented(name, workload):
-    # README states the decode-heavy miss (about -28 % on H100, -23 % on A100): the
+    # docs/emulator.md states the decode-heavy miss (about -28 % on H100, -23 % on A100): the
     # calibrated profiles are conservative for long outputs.
     rate = saturated_rate(PROFILES[name], workload)
     assert 0.65 * workload.requests_per_s < rate < workload.requests_per_s

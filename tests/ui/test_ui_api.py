@@ -295,7 +295,7 @@ def test_simpipe_ui_command_serves_the_page(results):
         proc.wait(10)
 
 
-# --- broken files never cost the other runs (README "Web UI", docs/security.md) -------------
+# --- broken files never cost the other runs (docs/ui.md, docs/security.md) -------------
 
 def _copy_run(results: Path, name: str) -> Path:
     shutil.copytree(results / "done", results / name)
