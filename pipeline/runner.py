@@ -51,6 +51,7 @@ from simpipe.ledger import Ledger, RunDirError, open_run_dir
 from simpipe.orchestration import run_config
 from simpipe.personas.sampling import partition_bounds
 from simpipe.population import ensure_population
+from simpipe.quiet_teardown import QuietTeardown
 from simpipe.round_task import ROW_COLUMNS, PartitionJob, PartitionOutcome, play_partition
 
 
@@ -133,7 +134,8 @@ def _run(config: Config, resume: bool, force: bool, client: Client | None,
     try:
         remove_stale_temps(paths.root)
         paths.cancel_flag.unlink(missing_ok=True)
-        with _client_for(config, client) as dask_client:
+        with (QuietTeardown() as quiet, _client_for(config, client) as dask_client,
+              quiet.after_interrupt()):
             if dask_client.dashboard_link:
                 console.line(f"Dask dashboard: {dask_client.dashboard_link}")
             console.line(f"Watch it in the browser: simpipe ui --results {config.run.output_dir}")
