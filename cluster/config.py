@@ -29,7 +29,7 @@ from pydantic import (
     model_validator,
 )
 
-from simpipe.inference.emulator_profiles import get_profile
+from simpipe.servers.emulator_profiles import get_profile
 
 _WALLTIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d{1,2}))?(?::(\d{1,2}))?$")
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*(s|m|h|d)?$")
@@ -121,11 +121,11 @@ ServerKind = Literal["none", "tgi", "vllm", "llamacpp", "custom", "emulated"]
 
 
 class EmulatedServersConfig(_Section):
-    """``[cluster.servers.emulated]``: GPU servers emulated by ``simpipe.inference.emulator``
+    """``[cluster.servers.emulated]``: GPU servers emulated by ``simpipe.servers.emulator``
     (``kind = "emulated"``, or any kind under ``simpipe run --emulate``)."""
 
     profile: str = Field("a100-llama3-8b", description=(
-        "the timing profile, a name from `simpipe.inference.emulator_profiles`: "
+        "the timing profile, a name from `simpipe.servers.emulator_profiles`: "
         "`a100-llama3-8b`, `h100-llama3-8b`, `fast` ([emulator](emulator.md))"))
     params: dict[str, float] = Field(default_factory=dict, description=(
         "per-parameter overrides of the profile: `max_batch`, `max_batch_prefill_tokens`, "

@@ -230,7 +230,7 @@ def local_emulators(servers: ServersConfig) -> Iterator[list[str]]:
     """Emulator processes on this machine for ``[cluster.servers]`` (kind ``emulated``):
     ``gpus_per_process`` GPUs each, free ports; their URLs, one per emulated server."""
     # The emulator's server code: only when emulators run on this machine.
-    from simpipe.inference.emulator import EmulatorProcess
+    from simpipe.servers.emulator import EmulatorProcess
 
     emu = servers.emulated
     with ExitStack() as stack:

@@ -32,10 +32,10 @@ TEMPLATES: dict[str, str] = {
     "vllm": ("vllm serve {model} --host {host} --port {port} --tensor-parallel-size {gpus} "
              "{extra_args}"),
     # llama.cpp's server through the embedded engine (CPU nodes, tests).
-    "llamacpp": ("{python} -m simpipe.inference.llamacpp_server --host {host} --port {port} "
+    "llamacpp": ("{python} -m simpipe.servers.llamacpp_server --host {host} --port {port} "
                  "--threads {cpus} {model_flag} {extra_args}"),
     # Emulated GPU servers (dry runs): one process, several GPUs on ports from {port}.
-    "emulated": ("{python} -m simpipe.inference.emulator --host {host} --port {port} "
+    "emulated": ("{python} -m simpipe.servers.emulator --host {host} --port {port} "
                  "{emulator_args} {extra_args}"),
 }
 

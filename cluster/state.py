@@ -21,8 +21,8 @@ from pydantic import ValidationError
 from simpipe.cluster.config import SlurmClusterConfig
 from simpipe.cluster.process_identity import is_process_id
 from simpipe.errors import SimpipeError
-from simpipe.files import write_json_atomic
-from simpipe.integrity import (
+from simpipe.store.files import write_json_atomic
+from simpipe.store.integrity import (
     CorruptFile,
     ProcessId,
     StrictRecord,

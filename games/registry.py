@@ -6,9 +6,9 @@ from functools import lru_cache
 from typing import Any
 
 from simpipe.games.base import Game
-from simpipe.games.beauty_contest_game import BeautyContest
+from simpipe.games.beauty_contest.game import BeautyContest
 from simpipe.games.config import GAME_CONFIGS, AnyGameConfig, game_config
-from simpipe.games.public_goods_game import PublicGoods
+from simpipe.games.public_goods.game import PublicGoods
 
 GAMES: dict[str, type[Game]] = {game.kind: game for game in (BeautyContest, PublicGoods)}
 if set(GAMES) != set(GAME_CONFIGS):  # a table without a game, or a game without a table

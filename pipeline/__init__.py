@@ -23,12 +23,12 @@ _EXPORTS = {
     "SimpipeError": "simpipe.errors",
     "load_config": "simpipe.config",
     "config_from_dict": "simpipe.config",
-    "run_simulation": "simpipe.runner",
-    "RunResult": "simpipe.runner",
-    "read_summary": "simpipe.results",
-    "read_rounds": "simpipe.results",
-    "read_population": "simpipe.results",
-    "read_ledger": "simpipe.results",
+    "run_simulation": "simpipe.run.simulation",
+    "RunResult": "simpipe.run.simulation",
+    "read_summary": "simpipe.store.results",
+    "read_rounds": "simpipe.store.results",
+    "read_population": "simpipe.store.results",
+    "read_ledger": "simpipe.store.results",
 }
 
 __all__ = [*_EXPORTS, "__version__"]

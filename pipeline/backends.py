@@ -20,8 +20,8 @@ from pydantic import BaseModel, ConfigDict, Field, FiniteFloat
 
 from simpipe.inference.settings import LlamaCppSettings, OpenAISettings, TgiSettings
 
-# The cognitive hierarchy stops at level 20 (simpipe.games.level_k.MAX_LEVEL); its Poisson
-# shares exp(-tau) * tau**k / k! underflow to 0 for tau above ~700.
+# The cognitive hierarchy stops at level 20 (simpipe.games.beauty_contest.level_k.MAX_LEVEL);
+# its Poisson shares exp(-tau) * tau**k / k! underflow to 0 for tau above ~700.
 DEPTH_LIMIT = 100.0
 # Sleeps the scripted agents take; longer than an hour is a typo, inf would never return.
 LATENCY_LIMIT_S = 3600.0

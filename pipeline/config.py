@@ -227,8 +227,8 @@ class Config(_Section):
         data: dict[str, Any] = {"seed": self.run.seed, "population": spec}
         if self.population.persona.mode == "llm":
             # Here, not at the top: persona_build imports this module.
-            from simpipe.persona_build import generator_identity
             from simpipe.personas.meta_prompt import prompt_hash
+            from simpipe.run.persona_build import generator_identity
 
             data["persona_generator"] = generator_identity(self.persona_agents)
             data["persona_prompt"] = prompt_hash()

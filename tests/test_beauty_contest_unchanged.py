@@ -10,9 +10,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from simpipe.console import Console
-from simpipe.results import read_rounds, read_summary
-from simpipe.runner import run_simulation
+from simpipe.run.console import Console
+from simpipe.run.simulation import run_simulation
+from simpipe.store.results import read_rounds, read_summary
 
 from support import REPO, small_config
 

@@ -14,12 +14,12 @@ from click.testing import CliRunner
 
 from simpipe.cli import main
 from simpipe.config import Config
-from simpipe.console import Console
-from simpipe.integrity import CorruptFile, check_part, read_ledger
-from simpipe.layout import RunPaths
-from simpipe.ledger import RunDirError
-from simpipe.results import read_rounds, read_summary
-from simpipe.runner import run_simulation
+from simpipe.run.console import Console
+from simpipe.run.simulation import run_simulation
+from simpipe.store.integrity import CorruptFile, check_part, read_ledger
+from simpipe.store.layout import RunPaths
+from simpipe.store.ledger import RunDirError
+from simpipe.store.results import read_rounds, read_summary
 
 from support import small_config
 

@@ -18,14 +18,14 @@ from simpipe.agents.registry import (
     process_engines,
     prompt_style,
 )
-from simpipe.aio import run_async
 from simpipe.backends import BACKENDS, LLM_BACKENDS
 from simpipe.config import ConfigError, config_from_dict
-from simpipe.console import Console
 from simpipe.inference.base import Backend, GenerationRequest
-from simpipe.inference.stub_server import StubProcess
-from simpipe.results import read_population, read_rounds
-from simpipe.runner import run_simulation
+from simpipe.run.aio import run_async
+from simpipe.run.console import Console
+from simpipe.run.simulation import run_simulation
+from simpipe.servers.stub import StubProcess
+from simpipe.store.results import read_population, read_rounds
 
 from support import small_config
 

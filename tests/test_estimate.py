@@ -20,7 +20,7 @@ from simpipe.estimate import (
     format_estimate,
     parse_stats,
 )
-from simpipe.inference.emulator import EmulatorProcess
+from simpipe.servers.emulator import EmulatorProcess
 
 T0 = 1_000_000.0  # the emulators' start on the client's clock
 

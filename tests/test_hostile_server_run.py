@@ -11,10 +11,10 @@ import pandas as pd
 import pyarrow.parquet as pq
 
 from simpipe.agents.llm import agent_seeds
-from simpipe.console import Console
-from simpipe.layout import RunPaths
-from simpipe.results import read_ledger, read_rounds
-from simpipe.runner import run_simulation
+from simpipe.run.console import Console
+from simpipe.run.simulation import run_simulation
+from simpipe.store.layout import RunPaths
+from simpipe.store.results import read_ledger, read_rounds
 
 from hostile_server import HostileServer, Request, http, ok_json, tgi_answer
 from support import small_config

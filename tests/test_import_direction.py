@@ -66,12 +66,12 @@ def test_a_wrong_import_is_found_wherever_it_is(tmp_path: Path) -> None:
     (tmp_path / "games" / "bad.py").write_text(
         "from . import config\nimport simpipe.personas.sampling\n"
         "from simpipe.errors import SimpipeError\n"
-        "def f():\n    from simpipe.runner import run_simulation\n"
+        "def f():\n    from simpipe.run.simulation import run_simulation\n"
         "from .. import cluster\n")
     (tmp_path / "cluster").mkdir()
     (tmp_path / "cluster" / "bad.py").write_text(
         "from simpipe.config import Config\nfrom simpipe.games import registry\n")
     assert violations(tmp_path, "games") == [
-        "games/bad.py:5 imports simpipe.runner.run_simulation",
+        "games/bad.py:5 imports simpipe.run.simulation.run_simulation",
         "games/bad.py:6 imports simpipe.cluster"]
     assert violations(tmp_path, "cluster") == ["cluster/bad.py:2 imports simpipe.games.registry"]

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 from distributed import Client, LocalCluster
 
-from simpipe.console import Console
-from simpipe.inference.llamacpp_server import LlamaCppProcess
-from simpipe.layout import RunPaths
-from simpipe.results import read_ledger, read_population, read_rounds, read_summary
-from simpipe.runner import run_simulation
+from simpipe.run.console import Console
+from simpipe.run.simulation import run_simulation
+from simpipe.servers.llamacpp_server import LlamaCppProcess
+from simpipe.store.layout import RunPaths
+from simpipe.store.results import read_ledger, read_population, read_rounds, read_summary
 
 from support import small_config
 

@@ -12,9 +12,9 @@ import psutil
 import pytest
 
 import simpipe
-from simpipe.console import Console
 from simpipe.errors import SimpipeError
-from simpipe.results import read_ledger, read_rounds
+from simpipe.run.console import Console
+from simpipe.store.results import read_ledger, read_rounds
 
 from support import small_config
 
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.slow
 def _emulators() -> list[psutil.Process]:
     """Emulator processes this test process started (any depth)."""
     return [p for p in psutil.Process().children(recursive=True)
-            if "simpipe.inference.emulator" in " ".join(p.cmdline())]
+            if "simpipe.servers.emulator" in " ".join(p.cmdline())]
 
 
 def _config(tmp_path: Path, dask_client, **servers):

@@ -13,12 +13,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from simpipe.console import Console
-from simpipe.games.beauty_contest import target_of
-from simpipe.layout import RunPaths
-from simpipe.ledger import RunDirError
-from simpipe.results import read_ledger, read_rounds, read_summary
-from simpipe.runner import RunCancelled, run_simulation
+from simpipe.games.beauty_contest.environment import target_of
+from simpipe.run.console import Console
+from simpipe.run.simulation import RunCancelled, run_simulation
+from simpipe.store.layout import RunPaths
+from simpipe.store.ledger import RunDirError
+from simpipe.store.results import read_ledger, read_rounds, read_summary
 
 from support import REPO, small_config
 

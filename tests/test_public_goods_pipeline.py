@@ -8,12 +8,12 @@ import pandas as pd
 import pytest
 
 from simpipe.config import ConfigError
-from simpipe.console import Console
-from simpipe.games.public_goods import SUMMARY_COLUMNS
-from simpipe.inference.stub_server import StubProcess
-from simpipe.layout import RunPaths
-from simpipe.results import read_ledger, read_rounds, read_summary
-from simpipe.runner import RunCancelled, run_simulation
+from simpipe.games.public_goods.environment import SUMMARY_COLUMNS
+from simpipe.run.console import Console
+from simpipe.run.simulation import RunCancelled, run_simulation
+from simpipe.servers.stub import StubProcess
+from simpipe.store.layout import RunPaths
+from simpipe.store.results import read_ledger, read_rounds, read_summary
 
 from support import REPO, cancel_after_first_round, one_error_line, simpipe_cli, small_config
 

@@ -7,7 +7,7 @@ from contextlib import contextmanager
 
 import pytest
 
-from simpipe.quiet_teardown import QuietTeardown
+from simpipe.run.quiet_teardown import QuietTeardown
 
 
 class Records(logging.Handler):

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from simpipe.console import Console
-from simpipe.layout import RunPaths
-from simpipe.ledger import RunDirError
-from simpipe.population import ensure_population
-from simpipe.runner import run_simulation
+from simpipe.run.console import Console
+from simpipe.run.population import ensure_population
+from simpipe.run.simulation import run_simulation
+from simpipe.store.layout import RunPaths
+from simpipe.store.ledger import RunDirError
 
 from support import SCRIPTED, one_error_line, simpipe_cli, small_config
 

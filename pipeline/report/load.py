@@ -12,7 +12,8 @@ import pyarrow.parquet as pq
 
 from simpipe.errors import SimpipeError
 from simpipe.games.base import Game, ScriptedSettings
-from simpipe.integrity import (
+from simpipe.personas.config import PopulationConfig
+from simpipe.store.integrity import (
     RESUME_REPAIRS,
     CorruptFile,
     check_part,
@@ -21,9 +22,8 @@ from simpipe.integrity import (
     round_problems,
     run_game,
 )
-from simpipe.layout import RunPaths
-from simpipe.personas.config import PopulationConfig
-from simpipe.results import read_ledger, read_rounds
+from simpipe.store.layout import RunPaths
+from simpipe.store.results import read_ledger, read_rounds
 
 # The columns the report needs: never `raw` or `error`, which dominate the bytes on disk.
 ROUND_COLUMNS = ["agent_id", "round", "guess", "status", "tokens_in", "tokens_out"]

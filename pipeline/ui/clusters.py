@@ -22,7 +22,7 @@ from simpipe.cluster.state import (
     pid_alive,
     read_state_file,
 )
-from simpipe.integrity import CorruptFile
+from simpipe.store.integrity import CorruptFile
 from simpipe.ui.security import OutsideRoot, UnsafeName, contained, http_url, safe_child
 
 STATUS_TTL_S = 3.0

@@ -5,7 +5,7 @@ the client at most twice a second while a round runs and once per finished round
 needs no connection to the run's process or its Dask scheduler and works for runs on any
 host that shares the results directory.
 
-Every file is read through ``simpipe.integrity`` and must resolve under the results root: a
+Every file is read through ``simpipe.store.integrity`` and must resolve under the results root: a
 run whose ``run.json`` is broken is listed with state ``broken`` and the problem, and a
 corrupt round or summary file is named on the run's page; neither costs the other runs.
 """
@@ -28,7 +28,7 @@ import pandas as pd
 
 from simpipe.cluster.state import pid_alive
 from simpipe.games.base import Game
-from simpipe.integrity import (
+from simpipe.store.integrity import (
     RESUME_REPAIRS,
     CorruptFile,
     expected_bounds,
@@ -37,7 +37,7 @@ from simpipe.integrity import (
     read_summary,
     run_game,
 )
-from simpipe.layout import RunPaths
+from simpipe.store.layout import RunPaths
 from simpipe.ui.security import OutsideRoot, UnsafeName, contained, safe_child
 
 # A "running" ledger that nothing has touched for this long belongs to a process that died

@@ -11,7 +11,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from simpipe.results import read_ledger, read_rounds
+from simpipe.store.results import read_ledger, read_rounds
 
 from cluster_helpers import our_jobs, simpipe, wait_no_jobs
 

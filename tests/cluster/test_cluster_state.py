@@ -22,7 +22,7 @@ from simpipe.cluster.state import (
     write_section,
     write_state,
 )
-from simpipe.orchestration import on_cluster
+from simpipe.run.orchestration import on_cluster
 
 from support import small_config
 

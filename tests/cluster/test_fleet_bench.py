@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from simpipe.results import read_rounds
+from simpipe.store.results import read_rounds
 
 from cluster_helpers import simpipe
 

@@ -71,7 +71,7 @@ def test_vllm_example_scripts() -> None:
 def test_llamacpp_template_and_custom() -> None:
     cfg = SlurmClusterConfig(servers={"kind": "llamacpp", "cpus_per_server": 2})
     cmd = server_command(cfg.servers, 9000, python="/py")
-    assert cmd == "/py -m simpipe.inference.llamacpp_server --host 0.0.0.0 --port 9000 --threads 2"
+    assert cmd == "/py -m simpipe.servers.llamacpp_server --host 0.0.0.0 --port 9000 --threads 2"
     custom = SlurmClusterConfig(servers={"kind": "custom",
                                                   "command": "srv --p {port} --m {model}"})
     assert server_command(custom.servers, 1) == "srv --p 1 --m"

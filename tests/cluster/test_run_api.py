@@ -11,7 +11,7 @@ import pytest
 
 import simpipe
 from simpipe.cluster import slurm
-from simpipe.results import read_ledger, read_rounds
+from simpipe.store.results import read_ledger, read_rounds
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 

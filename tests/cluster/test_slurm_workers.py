@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from simpipe.config import config_from_dict
-from simpipe.results import read_rounds
-from simpipe.runner import run_simulation
+from simpipe.run.simulation import run_simulation
+from simpipe.store.results import read_rounds
 
 from cluster_helpers import our_jobs
 

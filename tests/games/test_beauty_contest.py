@@ -2,7 +2,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from simpipe.games.beauty_contest import (
+from simpipe.games.beauty_contest.environment import (
     Partial,
     equilibrium,
     partial_from_rows,

@@ -13,9 +13,9 @@ import pandas as pd
 import pytest
 
 from simpipe.games.base import ScriptedSettings, Turn
-from simpipe.games.conditional_cooperation import CooperationParams, agent_types
 from simpipe.games.config import PublicGoodsConfig
 from simpipe.games.groups import assign_groups
+from simpipe.games.public_goods.conditional_cooperation import CooperationParams, agent_types
 from simpipe.games.registry import game_for
 
 TOLERANCE = 3.0  # percentage points of the endowment, every period

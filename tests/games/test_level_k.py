@@ -2,9 +2,9 @@ from itertools import pairwise
 
 import numpy as np
 
-from simpipe.games.beauty_contest import target_of
+from simpipe.games.beauty_contest.environment import target_of
+from simpipe.games.beauty_contest.level_k import HierarchyParams, hierarchy_guesses
 from simpipe.games.config import BeautyContestConfig as GameConfig
-from simpipe.games.level_k import HierarchyParams, hierarchy_guesses
 
 
 def play(game, rounds, n=20000, tau=1.5, shift=0.0, seed=0):

@@ -7,7 +7,7 @@ import os
 import pytest
 
 from simpipe.games.answer_format import ANSWER_MARKER
-from simpipe.games.beauty_contest_prompts import COMPLETION_CUE, HistoryItem, rule_text, rules_text
+from simpipe.games.beauty_contest.prompts import COMPLETION_CUE, HistoryItem, rule_text, rules_text
 from simpipe.games.config import BeautyContestConfig as GameConfig
 from simpipe.games.prompts import PromptBuilder
 from simpipe.games.text import COT_CUE, fmt_number

@@ -10,8 +10,8 @@ import pytest
 
 from simpipe.games.config import PublicGoodsConfig
 from simpipe.games.prompts import PromptBuilder
-from simpipe.games.public_goods import SUMMARY_COLUMNS, payoffs
-from simpipe.games.public_goods_prompts import ContributionItem, history_line
+from simpipe.games.public_goods.environment import SUMMARY_COLUMNS, payoffs
+from simpipe.games.public_goods.prompts import ContributionItem, history_line
 from simpipe.games.registry import game_for
 
 GAME = PublicGoodsConfig()

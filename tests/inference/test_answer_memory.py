@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from simpipe.results import read_rounds
+from simpipe.store.results import read_rounds
 
 from hostile_server import (
     HostileServer,

@@ -19,7 +19,7 @@ from scipy import stats
 from simpipe.agents.llm import prompting, requests_for
 from simpipe.agents.shared_answers import SharedAnswers, draw_uniforms
 from simpipe.config import config_from_dict
-from simpipe.games.beauty_contest_prompts import HistoryItem
+from simpipe.games.beauty_contest.prompts import HistoryItem
 from simpipe.games.parsing import parse_many
 from simpipe.inference.llamacpp import LlamaCppBackend
 from simpipe.inference.llamacpp_sampler import ChainSettings

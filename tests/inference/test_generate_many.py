@@ -15,8 +15,8 @@ from simpipe.inference.base import AnswerColumns, GenerationRequest, OutputConst
 from simpipe.inference.http import EndpointPool
 from simpipe.inference.openai_compat import OpenAIBackend
 from simpipe.inference.settings import OpenAISettings, TgiSettings
-from simpipe.inference.stub_server import StubServer
 from simpipe.inference.tgi import TgiBackend
+from simpipe.servers.stub import StubServer
 
 NUMBER = OutputConstraint(regex="(100|[1-9]?[0-9])", gbnf='root ::= [0-9]')
 FAST = {"backoff_s": 0.01, "backoff_max_s": 0.05}

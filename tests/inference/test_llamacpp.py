@@ -14,8 +14,8 @@ import pytest
 from simpipe.games.answers import NumberAnswer
 from simpipe.inference.base import GenerationRequest, OutputConstraint
 from simpipe.inference.llamacpp import LlamaCppBackend, default_model_path, resolve_model_path
-from simpipe.inference.llamacpp_server import LlamaCppProcess
 from simpipe.inference.settings import LlamaCppSettings
+from simpipe.servers.llamacpp_server import LlamaCppProcess
 
 pytestmark = [pytest.mark.llm, pytest.mark.slow]
 

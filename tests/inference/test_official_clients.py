@@ -32,12 +32,12 @@ from text_generation.types import (
 
 from simpipe.games.answer_format import number_grammar, number_json_schema, number_regex
 from simpipe.inference.base import Backend, GenerationRequest, OutputConstraint
-from simpipe.inference.emulator import Emulator, EmulatorOptions
-from simpipe.inference.emulator_profiles import get_profile
 from simpipe.inference.openai_compat import OpenAIBackend
 from simpipe.inference.settings import OpenAISettings, TgiSettings
-from simpipe.inference.stub_server import StubServer
 from simpipe.inference.tgi import TgiBackend
+from simpipe.servers.emulator import Emulator, EmulatorOptions
+from simpipe.servers.emulator_profiles import get_profile
+from simpipe.servers.stub import StubServer
 
 # text-generation 0.7.0 warns on every client that TGI is in maintenance mode.
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")

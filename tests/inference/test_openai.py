@@ -1,5 +1,5 @@
 """OpenAIBackend: request shapes against the stub, then against real llama.cpp servers
-(``python -m simpipe.inference.llamacpp_server``, the default Gemma 270M model)."""
+(``python -m simpipe.servers.llamacpp_server``, the default Gemma 270M model)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import asyncio
 import pytest
 
 from simpipe.inference.base import GenerationRequest, OutputConstraint
-from simpipe.inference.llamacpp_server import LlamaCppProcess
 from simpipe.inference.openai_compat import OpenAIBackend
 from simpipe.inference.settings import OpenAISettings
-from simpipe.inference.stub_server import StubServer
+from simpipe.servers.llamacpp_server import LlamaCppProcess
+from simpipe.servers.stub import StubServer
 
 GBNF = 'root ::= "100" | [1-9] [0-9] | [0-9]'
 NUMBER = OutputConstraint(gbnf=GBNF, regex="(100|[1-9]?[0-9])")

@@ -11,10 +11,10 @@ import aiohttp
 import pytest
 
 from simpipe.inference.base import GenerationRequest, OutputConstraint
-from simpipe.inference.server_contract import answer_number
 from simpipe.inference.settings import TgiSettings
-from simpipe.inference.stub_server import StubServer
 from simpipe.inference.tgi import TgiBackend
+from simpipe.servers.contract import answer_number
+from simpipe.servers.stub import StubServer
 
 NUMBER = OutputConstraint(regex="(100|[1-9]?[0-9])")
 FAST = {"backoff_s": 0.01, "backoff_max_s": 0.05}

@@ -4,7 +4,7 @@ import pandas as pd
 import pytest
 
 from simpipe.config import load_config
-from simpipe.runner import run_simulation
+from simpipe.run.simulation import run_simulation
 
 from support import REPO
 

@@ -11,9 +11,9 @@ import pytest
 
 from simpipe.config import ConfigError, config_from_dict
 from simpipe.inference.base import Backend, GenerationRequest, GenerationResult
-from simpipe.layout import RunPaths
-from simpipe.persona_build import process_request_count
-from simpipe.population import ensure_population
+from simpipe.run.persona_build import process_request_count
+from simpipe.run.population import ensure_population
+from simpipe.store.layout import RunPaths
 
 # Workers import by name what they can; this module is not importable there.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from simpipe.cli import main
 from simpipe.report.build import build_report
-from simpipe.runner import run_simulation
+from simpipe.run.simulation import run_simulation
 
 from support import small_config
 

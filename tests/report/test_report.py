@@ -13,11 +13,11 @@ from click.testing import CliRunner
 from scipy import stats
 
 from simpipe.cli import main
-from simpipe.games.beauty_contest_game import rounds_to_equilibrium
-from simpipe.games.beauty_contest_reference import load_references
+from simpipe.games.beauty_contest.game import rounds_to_equilibrium
+from simpipe.games.beauty_contest.reference import load_references
 from simpipe.report.build import build_report
 from simpipe.report.tables import confidence_interval
-from simpipe.runner import run_simulation
+from simpipe.run.simulation import run_simulation
 
 from support import small_config
 

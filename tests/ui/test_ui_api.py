@@ -18,7 +18,7 @@ import pytest
 from click.testing import CliRunner
 
 from simpipe.cli import main
-from simpipe.runner import run_simulation
+from simpipe.run.simulation import run_simulation
 
 from support import small_config
 from uiserver import ServerThread, raw_request

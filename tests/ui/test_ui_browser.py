@@ -20,8 +20,8 @@ import pandas as pd
 import pytest
 
 from simpipe.cluster import lifecycle, slurm
-from simpipe.inference.stub_server import StubProcess
-from simpipe.runner import run_simulation
+from simpipe.run.simulation import run_simulation
+from simpipe.servers.stub import StubProcess
 
 from support import small_config
 from uiserver import ServerThread

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from simpipe.runner import run_simulation
+from simpipe.run.simulation import run_simulation
 
 from support import small_config
 from uiserver import ServerThread, raw_request

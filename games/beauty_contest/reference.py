@@ -1,0 +1,66 @@
+"""Published numbers for the p-beauty contest: human subjects (Nagel 1995) and the LLM agents
+of the paper this project reproduces (Pan et al. 2024); the data file is
+``beauty_contest_reference.json`` beside this module."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fractions import Fraction
+
+from simpipe.games.config import parse_ratio
+from simpipe.games.data import package_json
+
+DATA_FILE = "beauty_contest/reference.json"
+
+
+@dataclass(frozen=True)
+class HumanRow:
+    ratio: str
+    n: int
+    mean: float
+    median: float
+
+
+@dataclass(frozen=True)
+class LlmRow:
+    model: str
+    prompt: str
+    metric: str
+    value: float
+    approximate: bool
+    note: str
+
+
+@dataclass(frozen=True)
+class References:
+    human_citation: str
+    human: tuple[HumanRow, ...]
+    llm_citation: str
+    llm_ratio: str
+    llm: tuple[LlmRow, ...]
+    metrics: dict[str, str]
+
+    def human_for(self, ratio: str, offset: float) -> HumanRow | None:
+        """Nagel's row for this game, or None: her games had no offset."""
+        if offset != 0:
+            return None
+        wanted = parse_ratio(ratio)
+        return next((row for row in self.human if parse_ratio(row.ratio) == wanted), None)
+
+    def llm_applies(self, ratio: str, offset: float) -> bool:
+        return offset == 0 and parse_ratio(ratio) == Fraction(parse_ratio(self.llm_ratio))
+
+
+def load_references() -> References:
+    raw = package_json(DATA_FILE)
+    return References(
+        human_citation=raw["human"]["citation"],
+        human=tuple(HumanRow(r["ratio"], int(r["n"]), float(r["mean"]), float(r["median"]))
+                    for r in raw["human"]["first_round"]),
+        llm_citation=raw["llm"]["citation"],
+        llm_ratio=raw["llm"]["ratio"],
+        llm=tuple(LlmRow(r["model"], r["prompt"], r["metric"], float(r["value"]),
+                         bool(r.get("approximate", False)), r.get("note", ""))
+                  for r in raw["llm"]["rows"]),
+        metrics=dict(raw["metrics"]),
+    )

@@ -1,0 +1,1 @@
+"""``simpipe bench``: each benchmark prints one table."""

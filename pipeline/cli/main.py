@@ -1,0 +1,264 @@
+"""The ``simpipe`` command: a thin layer over the Python API.
+
+Errors the user can fix are ``simpipe.errors.SimpipeError``s, printed by the group as one
+line per problem with their exit status (``simpipe.cli.common``); nothing here prints a
+traceback for a mistake the user can fix.
+
+Commands import what they run inside their own function: ``simpipe --help`` and every
+command load only what that command needs.
+"""
+
+from __future__ import annotations
+
+import shlex
+import time
+from pathlib import Path
+
+import click
+
+from simpipe.cli.common import SimpipeGroup, load, set_option
+from simpipe.errors import RunInterrupted, SimpipeError
+
+
+@click.group(cls=SimpipeGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="simpipe")
+def main() -> None:
+    """Very large LLM multi-agent simulations as a Dask batch pipeline."""
+
+
+@main.command()
+@click.argument("config_path", metavar="CONFIG", type=click.Path(dir_okay=False))
+@click.option("--resume", is_flag=True, help="Continue an interrupted run with the same config.")
+@click.option("--force", is_flag=True, help="Replace an existing run directory.")
+@click.option("--cluster", "cluster_name", default=None, metavar="NAME",
+              help="Run on a cluster started with `simpipe cluster up` (its servers too).")
+@click.option("--emulate", is_flag=True,
+              help="A dry run: emulated GPU servers replace the configured ones; ends with "
+                   "an estimate of the real run.")
+@set_option
+def run(config_path: str, resume: bool, force: bool, cluster_name: str | None, emulate: bool,
+        overrides: tuple[str, ...]) -> None:
+    """Run the simulation described by CONFIG."""
+    from simpipe.run.simulation import run_simulation  # keep startup light
+
+    if resume and force:
+        raise SimpipeError("--resume and --force contradict each other: pick one")
+    config = load(config_path, overrides)
+    try:
+        result = run_simulation(config, resume=resume, force=force, emulate=emulate,
+                                cluster_name=cluster_name)
+    except KeyboardInterrupt:
+        # The runner has marked the run interrupted; finished partitions are on disk.
+        again = " ".join(["simpipe run", shlex.quote(config_path),
+                          *(f"--set {shlex.quote(item)}" for item in overrides),
+                          *([f"--cluster {shlex.quote(cluster_name)}"] if cluster_name else []),
+                          *(["--emulate"] if emulate else []), "--resume"])
+        raise RunInterrupted(f"interrupted; resume with: {again}") from None
+    click.echo(f"results: {result.run_dir}  ({result.wall_s:.1f} s)")
+
+
+@main.command()
+@click.argument("config_path", metavar="CONFIG", type=click.Path(dir_okay=False))
+@set_option
+def validate(config_path: str, overrides: tuple[str, ...]) -> None:
+    """Check CONFIG and print the resolved settings."""
+    config = load(config_path, overrides)
+    click.echo(f"ok: {config_path}  (results hash {config.results_hash()}, "
+               f"{config.population.size:,} agents in {config.population.n_partitions} partitions, "
+               f"{config.game.rounds} rounds, backend {config.agents.backend})")
+
+
+@main.group()
+def population() -> None:
+    """Build and inspect populations."""
+
+
+@population.command("build")
+@click.argument("config_path", metavar="CONFIG", type=click.Path(dir_okay=False))
+@set_option
+def population_build(config_path: str, overrides: tuple[str, ...]) -> None:
+    """Sample the population of CONFIG into <output_dir>/<name>/population/."""
+    from simpipe.cluster.connect import make_client
+    from simpipe.run.console import Console
+    from simpipe.run.population import ensure_population
+    from simpipe.store.layout import RunPaths
+
+    config = load(config_path, overrides)
+    console = Console()
+    start = time.perf_counter()
+    with make_client(config.cluster) as client:
+        bar = console.progress(config.population.n_partitions, "population")
+        out = ensure_population(client, config, RunPaths(config.run_dir),
+                                on_progress=lambda done, n: bar.update(1))
+        bar.close()
+    click.echo(f"population: {out}  ({config.population.size:,} agents, "
+               f"{time.perf_counter() - start:.1f} s)")
+
+
+@main.command()
+@click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
+def show(run_dir: str) -> None:
+    """Print the summary of RUN_DIR, one line per round (and group)."""
+    from simpipe.store.integrity import RESUME_REPAIRS, CorruptFile
+    from simpipe.store.layout import RunPaths
+    from simpipe.store.results import read_ledger, read_summary
+
+    paths = RunPaths(Path(run_dir))
+    if not paths.ledger.exists():
+        raise SimpipeError(f"{run_dir}: not a simpipe run directory (no run.json)")
+    try:
+        ledger = read_ledger(run_dir)
+    except CorruptFile as exc:
+        raise SimpipeError(f"{exc}; restore it from a copy (it records the run's config and "
+                           "rounds)") from None
+    done = len([r for r in ledger.get("rounds", {}).values() if r.get("complete")])
+    click.echo(f"run {ledger.get('name') or paths.root.name}: {ledger.get('state')}, "
+               f"{done}/{ledger.get('rounds_total', '?')} rounds, "
+               f"{ledger.get('n_agents') or 0:,} agents")
+    if not paths.summary.exists():
+        click.echo("(no round finished yet)")
+        return
+    import pandas as pd
+
+    try:
+        summary = read_summary(run_dir)
+    except CorruptFile as exc:
+        raise SimpipeError(f"{exc}; {RESUME_REPAIRS}") from None
+    with pd.option_context("display.width", 200, "display.max_columns", 20,
+                           "display.max_rows", 60):
+        click.echo(summary.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+
+
+@main.group()
+def bench() -> None:
+    """Benchmarks: each prints one table and exits."""
+
+
+@bench.command("scale")
+@click.option("--agents", default="1000000", show_default=True,
+              help="Agents per case; a comma list runs several cases, e.g. 10000,100000,1000000.")
+@click.option("--latency", default=0.0, show_default=True, help="Seconds each agent awaits.")
+@click.option("--rounds", default=1, show_default=True)
+@click.option("--partitions", default=0, help="Partitions per case (0: about 62,500 agents each).")
+@click.option("--workers", default=2, show_default=True)
+@click.option("--threads", default=1, show_default=True, help="Threads per worker.")
+@click.option("--raw/--no-raw", default=True, show_default=True,
+              help="Also time the agents without Dask, in this process.")
+def bench_scale(agents: str, latency: float, rounds: int, partitions: int, workers: int,
+                threads: int, raw: bool) -> None:
+    """Scripted agents through the whole pipeline: wall time, agents/s, peak memory."""
+    from simpipe.bench.scale import ScaleCase, format_table, run_case
+
+    rows = []
+    for n in (int(a.replace("_", "")) for a in agents.split(",")):
+        parts = partitions or max(2, round(n / 62_500))
+        rows += run_case(ScaleCase(n, rounds, latency, min(parts, n), workers, threads), raw=raw)
+    click.echo(format_table(rows))
+
+
+@bench.command("fleet")
+@click.option("--agents", default=100_000, show_default=True, type=click.IntRange(min=1))
+@click.option("--rounds", default=2, show_default=True, type=click.IntRange(min=1))
+@click.option("--nodes", default=1, show_default=True, type=click.IntRange(1, 16),
+              help="Emulated nodes: one server job (--gpus GPUs) and --workers worker jobs each.")
+@click.option("--gpus", default=1, show_default=True, type=click.IntRange(1, 64),
+              help="Emulated GPUs per node.")
+@click.option("--profile", default="fast", show_default=True,
+              help="Emulator timing profile: fast (the pipeline is the limit), a100-llama3-8b, "
+                   "h100-llama3-8b.")
+@click.option("--time-scale", default=1.0, show_default=True, type=click.FloatRange(min=0.001),
+              help="The emulated GPUs run this many times faster than real ones.")
+@click.option("--workers", default=1, show_default=True, type=click.IntRange(1, 16),
+              help="Worker jobs (one process each) per node.")
+@click.option("--threads", default=2, show_default=True, type=click.IntRange(1, 16),
+              help="Partitions a worker plays at once.")
+@click.option("--partitions", default=0, type=click.IntRange(min=0),
+              help="Partitions (0: at least 4 per worker thread, at most 50,000 agents each).")
+@click.option("--max-concurrency", default=0, type=click.IntRange(min=0),
+              help="Requests in flight per endpoint per worker process (0: auto).")
+@click.option("--worker-memory", default="3GB", show_default=True, help="Per worker job.")
+@click.option("--port", default=0, type=click.IntRange(0, 65535),
+              help="First server port (0: the first free range from 19300).")
+@click.option("--kill-server-at", default=None, type=click.FloatRange(min=0.0),
+              help="scancel the last node's server job this many seconds after round 1 starts.")
+@click.option("--weak-scaling", is_flag=True,
+              help="Run 1, 2 and 4 nodes with --agents-per-gpu agents per emulated GPU.")
+@click.option("--agents-per-gpu", default=10_000, show_default=True, type=click.IntRange(min=1))
+@click.option("--keep", default=None, metavar="DIR",
+              help="Keep the runs under DIR (default: a temporary directory, removed).")
+def bench_fleet(agents: int, rounds: int, nodes: int, gpus: int, profile: str,
+                time_scale: float, workers: int, threads: int, partitions: int,
+                max_concurrency: int, worker_memory: str, port: int,
+                kill_server_at: float | None, weak_scaling: bool, agents_per_gpu: int,
+                keep: str | None) -> None:
+    """The GPU path at scale on the local SLURM: emulated TGI servers and Dask workers as
+    SLURM jobs; per round: wall time, the fleet's ideal time and busy share, pipeline CPU."""
+    from simpipe.bench.fleet import FleetCase, run_bench
+
+    # Bad options, config, SLURM, servers, cluster: SimpipeErrors, one line each.
+    case = FleetCase(agents, rounds, nodes, gpus, profile, time_scale, workers, threads,
+                     partitions, max_concurrency, worker_memory, port, kill_server_at)
+    run_bench(case, weak_scaling=weak_scaling, agents_per_gpu=agents_per_gpu, keep=keep,
+              echo=click.echo, log=lambda line: click.echo(line, err=True))
+
+
+@bench.command("engine")
+@click.option("--agents", default=256, show_default=True, type=click.IntRange(min=1),
+              help="Prompts (agents) per row.")
+@click.option("--parallel", default=32, show_default=True, type=click.IntRange(1, 512),
+              help="llama.cpp slots.")
+def bench_engine(agents: int, parallel: int) -> None:
+    """The embedded engine alone vs. the pipeline's llamacpp and openai back-ends."""
+    from simpipe.bench.engine import format_table, run_engine_bench
+
+    click.echo(format_table(run_engine_bench(agents, parallel)))
+
+
+@bench.command("share")
+@click.option("--config", "config_path", default=None, type=click.Path(dir_okay=False),
+              help="Run this config (output goes to a temporary folder) instead of the "
+                   "default: the paper's population as template personas, embedded model.")
+@click.option("--agents", default=1_000_000, show_default=True, type=click.IntRange(min=2),
+              help="Agents (default config only).")
+@click.option("--rounds", default=2, show_default=True, type=click.IntRange(min=1),
+              help="Rounds (default config only).")
+@click.option("--sample", default=64, show_default=True, type=click.IntRange(min=1),
+              help="Agents in the per-agent reference row.")
+@set_option
+def bench_share(config_path: str | None, agents: int, rounds: int, sample: int,
+                overrides: tuple[str, ...]) -> None:
+    """Shared answer distributions vs one call per agent: agents/s, model calls, memory."""
+    from simpipe.bench.share import format_table, run_share_bench
+
+    config = load(config_path, overrides) if config_path else None
+    click.echo(format_table(run_share_bench(config, agents, rounds, sample)))
+
+
+@bench.command("client")
+@click.option("--requests", "n_requests", default=20000, show_default=True,
+              type=click.IntRange(min=1))
+@click.option("--concurrency", default=64, show_default=True, type=click.IntRange(min=1),
+              help="Requests in flight.")
+def bench_client(n_requests: int, concurrency: int) -> None:
+    """HTTP client cost of the tgi and openai back-ends against a server answering at once,
+    and the GPU emulator's server cost (fast profile)."""
+    from simpipe.bench.client import format_table, run_client_bench
+
+    click.echo(format_table(run_client_bench(n_requests, concurrency=concurrency)))
+
+
+from simpipe.cli.report import report_command  # noqa: E402 - light: click only
+
+main.add_command(report_command)
+
+from simpipe.cli.population import population_show  # noqa: E402 - light: click only
+
+population.add_command(population_show)
+
+from simpipe.cli.cluster import register as _register_cluster  # noqa: E402 - light: click only
+
+_register_cluster(main)
+
+from simpipe.cli.ui import ui_command  # noqa: E402 - light: click only
+
+main.add_command(ui_command)

@@ -1,0 +1,416 @@
+"""The round loop on the client: build the graph per round, reduce, announce, record.
+
+Each round is one Dask task per population partition (``round_task.play_partition``), all
+submitted at once; the game's reduce of their partials runs here (``simpipe.games``), and the
+number announced to each group (the beauty contest's winning number, the public goods game's
+total contribution) is fed to the next round. Partitions and rounds already on disk are
+skipped, which is what ``--resume`` relies on; each is checked first (``simpipe.store.integrity``):
+a corrupt part file is moved aside and its partition played again, a finished round with
+one is played (its good parts reused) and reduced again, and a corrupt ``summary.parquet``
+is rebuilt from the round files.
+
+Why tasks over partition files rather than ``dask.dataframe.map_partitions``: the
+dataframe optimizer may fuse small Parquet files into one partition, and the output layout
+(one file per population partition, replaced idempotently) needs a fixed 1:1 mapping.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from distributed import Client, as_completed
+
+from simpipe.agents.registry import (
+    backend_supports_distributions,
+    close_engines_on_shutdown,
+    process_counters,
+    prompt_style,
+)
+from simpipe.agents.shared_answers import sharing_refusal
+from simpipe.cluster.connect import make_client
+from simpipe.config import Config
+from simpipe.errors import EXIT_CANCELLED, SimpipeError
+from simpipe.estimate import report_estimate
+from simpipe.games.base import Game
+from simpipe.games.groups import assign_groups
+from simpipe.games.registry import game_for
+from simpipe.personas.sampling import partition_bounds
+from simpipe.run.console import Console
+from simpipe.run.orchestration import run_config
+from simpipe.run.population import ensure_population
+from simpipe.run.quiet_teardown import QuietTeardown
+from simpipe.run.round_task import ROW_COLUMNS, PartitionJob, PartitionOutcome, play_partition
+from simpipe.store.files import move_aside, remove_stale_temps, write_parquet_atomic
+from simpipe.store.integrity import CorruptFile, read_ledger, read_summary, round_problems
+from simpipe.store.layout import RunPaths
+from simpipe.store.ledger import Ledger, RunDirError, open_run_dir
+
+
+class RunCancelled(SimpipeError, RuntimeError):
+    """The run was asked to stop (a CANCEL file); it stopped between rounds, resumable."""
+
+    exit_code = EXIT_CANCELLED
+
+    def cli_lines(self) -> list[str]:
+        return []  # the run has said it on the console and in run.log, with how to resume
+
+
+class RoundObserver:
+    """Told when each round played in this invocation starts and ends (benchmarks measure
+    per-round CPU and memory with it); does nothing unless a subclass says otherwise."""
+
+    def round_started(self, round_index: int) -> None:
+        """Right before the round's tasks are submitted."""
+
+    def round_finished(self, round_index: int, record: dict) -> None:
+        """Right after the round is reduced and recorded; ``record`` is its run.json entry."""
+
+
+@dataclass
+class RunResult:
+    run_dir: Path
+    summary: pd.DataFrame
+    state: str
+    wall_s: float
+    round_times: list[float] = field(default_factory=list)
+
+    def rounds(self) -> pd.DataFrame:
+        from simpipe.store.results import read_rounds  # avoid a cycle at import
+
+        return read_rounds(self.run_dir)
+
+
+@contextmanager
+def _client_for(config: Config, client: Client | None) -> Iterator[Client]:
+    with nullcontext(client) if client is not None else make_client(config.cluster) as c:
+        if config.agents.plugin.is_llm:
+            close_engines_on_shutdown(c)
+        yield c
+
+
+def run_simulation(config: Config, *, resume: bool = False, force: bool = False,
+                   client: Client | None = None, console: Console | None = None,
+                   observer: RoundObserver | None = None, emulate: bool = False,
+                   cluster_name: str | None = None) -> RunResult:
+    """Run (or resume) the configured simulation and return its summary, as ``simpipe run``
+    does (``simpipe.run.orchestration``): ``[cluster.servers]`` are started for this run and
+    stopped at its end; ``emulate`` is ``--emulate`` (a dry run with emulated GPU servers,
+    results in ``<run.name>-emulated``), ``cluster_name`` is ``--cluster NAME`` (a cluster
+    from ``simpipe cluster up``, its servers too). ``observer`` is told when each round
+    starts and ends.
+
+    With ``client``, the caller owns the cluster, workers and servers alike: nothing is
+    started and the config's endpoints are used as they are.
+    """
+    console = console or Console()
+    observer = observer or RoundObserver()
+    if client is not None and (emulate or cluster_name):
+        raise SimpipeError("run_simulation: client= runs on your own cluster, which emulate= "
+                           "and cluster_name= would replace; pass one or the other")
+    if client is not None:
+        return _run(config, resume, force, client, console, observer)
+    with run_config(config, emulate=emulate, cluster_name=cluster_name,
+                    console=console) as ready:
+        return _run(ready, resume, force, None, console, observer)
+
+
+def _run(config: Config, resume: bool, force: bool, client: Client | None,
+         console: Console, observer: RoundObserver) -> RunResult:
+    paths = RunPaths(config.run_dir)
+    if not force:
+        _check_ledger(paths)
+    ledger = open_run_dir(paths, config, resume=resume, force=force)
+    console.attach_log(paths.log)
+    started = time.perf_counter()
+    try:
+        remove_stale_temps(paths.root)
+        paths.cancel_flag.unlink(missing_ok=True)
+        with (QuietTeardown() as quiet, _client_for(config, client) as dask_client,
+              quiet.after_interrupt()):
+            if dask_client.dashboard_link:
+                console.line(f"Dask dashboard: {dask_client.dashboard_link}")
+            console.line(f"Watch it in the browser: simpipe ui --results {config.run.output_dir}")
+            # pid and host let a watcher (simpipe ui) tell a live run from a dead one.
+            ledger.set_state("running", scheduler=dask_client.scheduler.address,
+                             pid=os.getpid(), host=socket.gethostname())
+            result = _run_rounds(dask_client, config, paths, ledger, console, observer)
+            report_estimate(config, ledger, console)  # emulated servers only: the real run
+    except RunCancelled:
+        ledger.set_state("interrupted")
+        console.line(f"cancelled; resume with: simpipe run CONFIG --resume  ({paths.root})")
+        raise
+    except KeyboardInterrupt:
+        ledger.set_state("interrupted")
+        raise
+    except BaseException as exc:
+        ledger.set_state("failed", error=f"{type(exc).__name__}: {exc}")
+        raise
+    finally:
+        wall = time.perf_counter() - started
+        ledger.add_timing("wall_s", wall)
+        ledger.save()
+        console.detach_log()
+    ledger.set_state("finished")
+    result.wall_s = wall
+    return result
+
+
+def _run_rounds(client: Client, config: Config, paths: RunPaths, ledger: Ledger,
+                console: Console, observer: RoundObserver) -> RunResult:
+    t0 = time.perf_counter()
+    bar = console.progress(config.population.n_partitions, "population")
+    ensure_population(client, config, paths, on_progress=lambda done, n: bar.update(1),
+                      warn=console.warn)
+    bar.close()
+    ledger.add_timing("population_s", time.perf_counter() - t0)
+    if config.agents.backend != "scripted":
+        console.line(answers_plan(config))
+
+    size, n_parts = config.population.size, config.population.n_partitions
+    groups = assign_groups(size, config.game.group_size, config.run.seed)
+    bounds = partition_bounds(size, n_parts)
+    game = game_for(config.game)
+    summary = _read_summary(paths, ledger, console, game)
+    done_rounds = set(summary["round"].tolist()) if len(summary) else set()
+    done_rounds -= _rounds_with_corrupt_parts(paths, done_rounds, bounds, console)
+    counters = _CounterWatch(client, ledger)
+    token = uuid.uuid4().hex[:8]  # task keys unique per invocation, even on a shared cluster
+    round_times: list[float] = []
+    for r in range(config.game.rounds):
+        if r in done_rounds:
+            continue
+        if paths.cancel_flag.exists():
+            raise RunCancelled(str(paths.root))
+        feedback = game.feedback_table(summary, int(groups.max()) + 1 if size else 1, r)
+        observer.round_started(r)
+        t_round = time.perf_counter()
+        started_at = time.time()  # on the clock emulated servers' stats are aligned to
+        outcomes = _play_round(client, config, paths, ledger, console, r, groups, bounds,
+                               feedback, token)
+        rows = game.reduce([o.partial for o in outcomes], r)
+        summary = _with_round(summary, rows, r)
+        write_parquet_atomic(summary, paths.summary)
+        elapsed = time.perf_counter() - t_round
+        round_times.append(elapsed)
+        record = _round_record(game, rows, outcomes, elapsed, started_at)
+        ledger.record_round(r, record)
+        observer.round_finished(r, record)
+        counters.update()
+        console.line(_round_line(config, game, r, rows, record))
+        problem = next((o.stats.problem for o in outcomes if o.stats.problem), None)
+        if problem:
+            console.line(f"  not shared: {problem}")
+    return RunResult(paths.root, summary, "finished", 0.0, round_times)
+
+
+def _play_round(client: Client, config: Config, paths: RunPaths, ledger: Ledger,
+                console: Console, r: int, groups: np.ndarray, bounds: list[tuple[int, int]],
+                feedback: np.ndarray, token: str) -> list[PartitionOutcome]:
+    [feedback_future] = client.scatter([feedback], broadcast=True, hash=False)
+    futures = [
+        client.submit(
+            play_partition,
+            PartitionJob(config, str(paths.root), r, k, groups[a:b]),
+            feedback_future,
+            key=f"play-round-{r}-part-{k}-{token}",
+            pure=False,
+        )
+        for k, (a, b) in enumerate(bounds)
+    ]
+    outcomes: list[PartitionOutcome] = []
+    bar = console.progress(len(futures), f"round {r}")
+    started = time.perf_counter()
+    agents_done = 0
+    pending = as_completed(futures, timeout=None)
+    try:
+        while len(outcomes) < len(futures):
+            # Wake up now and then to notice a cancel request even in a long round.
+            batch = pending.next_batch(block=False) or _wait_one(pending)
+            for future in batch:
+                outcome = future.result()
+                if outcome.set_aside:
+                    console.warn(outcome.set_aside)
+                outcomes.append(outcome)
+                agents_done += outcome.n_agents
+                bar.update(1)
+            ledger.record_progress(r, len(outcomes), len(futures), agents_done,
+                                   time.perf_counter() - started,
+                                   force=len(outcomes) == len(futures))
+            if paths.cancel_flag.exists() and len(outcomes) < len(futures):
+                # Finished partitions are on disk; --resume skips them and replays the rest.
+                client.cancel(futures)
+                raise RunCancelled(str(paths.root))
+    finally:
+        bar.close()
+    return sorted(outcomes, key=lambda o: o.partition)
+
+
+def answers_plan(config: Config) -> str:
+    """One line saying how LLM agents will be answered this run, and why."""
+    refusal = sharing_refusal(config.agents.share_answers, config.game, config.agents.backend,
+                              backend_supports_distributions(config.agents),
+                              prompt_style(config.agents))
+    if refusal is None:
+        return ("answers: each distinct prompt's answer distribution is computed once per "
+                "worker; agents draw from it with their own seeds")
+    return f"answers: one model call per agent ({refusal})"
+
+
+def _wait_one(pending: as_completed, poll_s: float = 0.25) -> list:
+    deadline = time.monotonic() + poll_s
+    while time.monotonic() < deadline:
+        if pending.has_ready():
+            return pending.next_batch(block=False)
+        time.sleep(0.01)
+    return []
+
+
+def _check_ledger(paths: RunPaths) -> None:
+    """An existing run.json must be readable before it is resumed or refused."""
+    if paths.ledger.exists():
+        try:
+            read_ledger(paths.ledger)
+        except CorruptFile as exc:
+            raise RunDirError(f"{exc}; restore it, or pass --force to start this run over "
+                              "(--resume needs it)") from None
+
+
+def _read_summary(paths: RunPaths, ledger: Ledger, console: Console,
+                  game: Game) -> pd.DataFrame:
+    """The summary rows of the rounds the ledger records as complete. A completed round
+    without rows (a corrupt summary.parquet is moved aside) is played and reduced again
+    from its part files."""
+    completed = ledger.completed_rounds()
+    if not completed:
+        return pd.DataFrame()
+    try:
+        summary = read_summary(paths.summary, game.summary_columns)
+    except CorruptFile as exc:
+        aside = (f"moved aside to {move_aside(paths.summary).name}, "
+                 if paths.summary.exists() else "")
+        console.warn(f"{exc}; {aside}rebuilding it from the round files")
+        return pd.DataFrame()
+    # Rounds reduced after the last ledger save are redone; the ledger is the authority.
+    summary = summary[summary["round"].isin(completed)].reset_index(drop=True)
+    lost = sorted(set(completed) - set(summary["round"].tolist()))
+    if lost:
+        console.warn(f"{paths.summary}: no rows for round(s) "
+                     f"{', '.join(str(r + 1) for r in lost)} that run.json records as complete; "
+                     "rebuilding them from the round files")
+    return summary
+
+
+def _rounds_with_corrupt_parts(paths: RunPaths, rounds: set[int],
+                               bounds: list[tuple[int, int]], console: Console) -> set[int]:
+    """Finished rounds with a missing or corrupt part file, each moved aside: such a round
+    is played again (its good parts are reused) and its summary rows rebuilt."""
+    replay = set()
+    for r in sorted(rounds):
+        for problem in round_problems(paths, r, bounds, ROW_COLUMNS):
+            note = (f"; moved aside to {move_aside(problem.path).name}"
+                    if problem.path.exists() else "")
+            console.warn(f"{problem}{note}; round {r + 1} is played again")
+            replay.add(r)
+    return replay
+
+
+def _with_round(summary: pd.DataFrame, rows: pd.DataFrame, r: int) -> pd.DataFrame:
+    """``summary`` with round ``r``'s rows (replacing any), in (round, group) order."""
+    if not len(summary):
+        return rows
+    kept = summary[summary["round"] != r]
+    if not len(kept):
+        return rows
+    merged = pd.concat([kept, rows], ignore_index=True)
+    return merged.sort_values(["round", "group_id"], kind="stable").reset_index(drop=True)
+
+
+def _round_record(game: Game, rows: pd.DataFrame, outcomes: list[PartitionOutcome],
+                  elapsed: float, started_at: float) -> dict:
+    n = int(rows["n"].sum())
+    played = [o for o in outcomes if not o.reused]
+    prompt_ids = (np.unique(np.concatenate([o.stats.prompt_ids for o in played]))
+                  if played else np.empty(0, np.uint64))
+    distinct = int(prompt_ids.size)
+    agents_played = sum(o.n_agents for o in played)
+    return {
+        "started_at": round(started_at, 3),
+        "n": n,
+        "n_valid": int(rows["n_valid"].sum()),
+        "n_unparsed": int(rows["n_unparsed"].sum()),
+        "n_out_of_range": int(rows["n_out_of_range"].sum()),
+        "n_error": int(rows["n_error"].sum()),
+        **game.round_numbers(rows),  # "mean", and the game's own headline numbers
+        "tokens_in": sum(o.tokens_in for o in outcomes),
+        "tokens_out": sum(o.tokens_out for o in outcomes),
+        "elapsed_s": round(elapsed, 3),
+        "agents_per_s": round(n / elapsed, 1) if elapsed > 0 else None,
+        "partitions_reused": sum(o.reused for o in outcomes),
+        # Answer sharing (counted over the partitions played in this invocation):
+        "distinct_prompts": distinct,
+        "sharing_factor": round(agents_played / distinct, 1) if distinct else None,
+        "model_calls": sum(o.stats.model_calls for o in played),
+        "shared_agents": sum(o.stats.shared_agents for o in outcomes),
+        "fallback_prompts": sum(o.stats.fallback_prompts for o in played),
+        "unseen_mass_max": max((o.stats.unseen_mass_max for o in played), default=0.0),
+    }
+
+
+class _CounterWatch:
+    """Per-endpoint counters of this invocation: worker-process totals now minus at start,
+    plus what an earlier (resumed) invocation recorded. Read with ``client.run`` so tasks
+    sharing a process never double-count each other's requests."""
+
+    def __init__(self, client: Client, ledger: Ledger) -> None:
+        self.client = client
+        self.ledger = ledger
+        self.prior = ledger.data.get("endpoints") or {}
+        self.start = client.run(process_counters)
+
+    def update(self) -> None:
+        total = {name: dict(values) for name, values in self.prior.items()}
+        for worker, now in self.client.run(process_counters).items():
+            then = self.start.get(worker, {})
+            for name, values in now.items():
+                delta = {key: value - then.get(name, {}).get(key, 0)
+                         for key, value in values.items()}
+                if name not in total and not any(delta.values()):
+                    # A back-end an earlier run left in a shared worker, idle in this one.
+                    continue
+                slot = total.setdefault(name, {})
+                for key, value in delta.items():
+                    slot[key] = slot.get(key, 0) + value
+        self.ledger.data["endpoints"] = total
+        self.ledger.save()
+
+
+def _rate(value: float | None) -> str:
+    value = value or 0.0
+    return f"{value:,.0f}" if value >= 100 else f"{value:.2g}"
+
+
+def _round_line(config: Config, game: Game, r: int, rows: pd.DataFrame, record: dict) -> str:
+    stats = game.round_text(rows, record)
+    invalid = record["n"] - record["n_valid"]
+    line = (
+        f"round {r + 1}/{config.game.rounds}: {stats}  invalid {invalid} "
+        f"(unparsed {record['n_unparsed']}, out_of_range {record['n_out_of_range']}, "
+        f"error {record['n_error']})  {record['elapsed_s']:.1f}s  "
+        f"{_rate(record['agents_per_s'])} agents/s  ({game.reference_text(r)})"
+    )
+    if config.agents.backend != "scripted" and record["distinct_prompts"]:
+        line += (f"\n  {record['distinct_prompts']:,} distinct prompts, sharing factor "
+                 f"{record['sharing_factor']:,.1f}, {record['model_calls']:,} model calls, "
+                 f"{record['shared_agents']:,} answers drawn from shared distributions")
+        if record["fallback_prompts"]:
+            line += f", {record['fallback_prompts']} prompts fell back to one call per agent"
+    return line

@@ -1,0 +1,3 @@
+"""The inference servers simpipe runs itself: llama.cpp's HTTP server, the stub and the GPU
+emulator, and the launcher they share.
+"""

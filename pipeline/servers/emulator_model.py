@@ -1,0 +1,184 @@
+"""The timing model of one emulated GPU server: continuous batching in modelled time.
+
+Pure and clock-free: the caller says what time it is (``advance(now)``, ``submit(now, ...)``)
+in modelled seconds, so tests drive it with a virtual clock and the server with the event
+loop's clock times the time scale. Work is per event, not per decode step: between two
+events (an admission or a completion) every step has the same batch and length, so a run of
+them is one multiplication. A request that arrives during a step joins at the next step
+boundary; steps are computed when they have ended, so their admissions are exact.
+
+Counters (modelled seconds): ``busy_s`` is the time with at least one running sequence;
+``work_s`` is what the completed requests would have cost on a full batch
+(``GpuProfile.full_batch_request_s``), the GPU time a perfectly fed server needs for them.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from typing import Any, NamedTuple
+
+from simpipe.servers.emulator_profiles import GpuProfile
+
+
+class Done(NamedTuple):
+    """A finished request: its handle and when it queued, started and finished."""
+
+    handle: Any
+    arrived_s: float
+    started_s: float
+    finished_s: float
+
+
+class _Plan(NamedTuple):
+    start: float  # when the next step begins
+    admit: int  # requests admitted in its first step (then steps == 1)
+    prefill_tokens: int
+    step_s: float  # the length of each step
+    steps: int  # steps until something changes (a completion or a possible admission)
+
+
+class GpuScheduler:
+    """One GPU: a FIFO queue, at most ``max_batch`` running sequences, one step at a time."""
+
+    def __init__(self, profile: GpuProfile) -> None:
+        self.profile = profile
+        self.clock = 0.0  # end of the last computed step
+        self.steps = 0  # steps computed so far
+        # running: (finish step, sequence no, handle, tokens in, tokens out, arrived, started)
+        self._running: list[tuple] = []
+        # waiting: (arrived, sequence no, handle, tokens in, tokens out)
+        self._queue: deque[tuple] = deque()
+        self._seq = 0
+        self._token_s = profile.step_s(profile.max_batch) / profile.max_batch
+        self.admitted = 0
+        self.rejected = 0
+        self.completed = 0
+        self.tokens_in = 0
+        self.tokens_out = 0
+        self.busy_s = 0.0
+        self.work_s = 0.0
+        self.queue_wait_s = 0.0  # summed over started requests
+        self.max_running = 0
+        self.max_queued = 0
+
+    @property
+    def running(self) -> int:
+        return len(self._running)
+
+    @property
+    def queued(self) -> int:
+        return len(self._queue)
+
+    def submit(self, now: float, handle: Any, tokens_in: int, tokens_out: int) -> bool:
+        """Queue a request arriving at ``now``; False (refused) beyond
+        ``max_concurrent_requests`` running + waiting."""
+        if len(self._running) + len(self._queue) >= self.profile.max_concurrent_requests:
+            self.rejected += 1
+            return False
+        self._seq += 1
+        self._queue.append((now, self._seq, handle, max(1, tokens_in), max(1, tokens_out)))
+        self.admitted += 1
+        self.max_queued = max(self.max_queued, len(self._queue))
+        return True
+
+    def _plan(self) -> _Plan | None:
+        """The next run of equal steps from the current state, if there is work."""
+        running, queue, p = self._running, self._queue, self.profile
+        if running:
+            start = self.clock
+        elif queue:
+            start = max(self.clock, queue[0][0])
+        else:
+            return None
+        room = p.max_batch - len(running)
+        admit = tokens = 0
+        if room > 0 and queue and queue[0][0] <= start:
+            budget = p.max_batch_prefill_tokens
+            for arrived, _, _, n_in, _ in queue:
+                if arrived > start or admit == room or (admit and tokens + n_in > budget):
+                    break
+                admit += 1
+                tokens += n_in
+        if admit:
+            step = p.step_s(len(running) + admit) + tokens * p.prefill_s_per_token
+            return _Plan(start, admit, tokens, step, 1)
+        step = p.step_s(len(running))
+        steps = running[0][0] - self.steps + 1  # until the first running sequence finishes
+        if queue and room > 0:  # the next arrival joins at the first boundary after it
+            steps = min(steps, max(1, math.ceil((queue[0][0] - start) / step)))
+        return _Plan(start, 0, 0, step, steps)
+
+    def next_event_s(self) -> float | None:
+        """When the next completion or admission happens if nothing else arrives."""
+        plan = self._plan()
+        return None if plan is None else plan.start + plan.step_s * plan.steps
+
+    def advance(self, now: float) -> list[Done]:
+        """Compute every step that has ended by ``now``; the requests that finished."""
+        done: list[Done] = []
+        running, queue = self._running, self._queue
+        while (plan := self._plan()) is not None:
+            if plan.admit:
+                if plan.start + plan.step_s > now:
+                    break
+                for _ in range(plan.admit):
+                    arrived, seq, handle, n_in, n_out = queue.popleft()
+                    heapq.heappush(running, (self.steps + n_out - 1, seq, handle, n_in, n_out,
+                                             arrived, plan.start))
+                    self.queue_wait_s += plan.start - arrived
+                self.max_running = max(self.max_running, len(running))
+                steps = 1
+            else:
+                # (the epsilon: ``now`` taken from next_event_s() must reach that step's end)
+                steps = min(plan.steps, int((now - plan.start) / plan.step_s + 1e-9))
+                if steps <= 0:
+                    break
+            self.clock = plan.start + plan.step_s * steps
+            self.steps += steps
+            self.busy_s += plan.step_s * steps
+            while running and running[0][0] < self.steps:
+                _, _, handle, n_in, n_out, arrived, started = heapq.heappop(running)
+                self.completed += 1
+                self.tokens_in += n_in
+                self.tokens_out += n_out
+                self.work_s += n_in * self.profile.prefill_s_per_token + n_out * self._token_s
+                done.append(Done(handle, arrived, started, self.clock))
+        return done
+
+    def counters(self) -> dict[str, float | int]:
+        return {
+            "requests": self.admitted,
+            "rejected": self.rejected,
+            "completed": self.completed,
+            "tokens_in": self.tokens_in,
+            "tokens_out": self.tokens_out,
+            "busy_s": self.busy_s,
+            "work_s": self.work_s,
+            "queue_wait_s": self.queue_wait_s,
+            "steps": self.steps,
+            "running": len(self._running),
+            "queued": len(self._queue),
+            "max_running": self.max_running,
+            "max_queued": self.max_queued,
+        }
+
+
+class Series:
+    """A bounded time series: when ``max_rows`` is reached every other row is dropped and
+    only every second later sample is kept, so a run of any length fits with even spacing."""
+
+    def __init__(self, max_rows: int = 10_000) -> None:
+        self.max_rows = max_rows
+        self.rows: list[tuple] = []
+        self.stride = 1
+        self._seen = 0
+
+    def add(self, row: tuple) -> None:
+        if self._seen % self.stride == 0:
+            self.rows.append(row)
+            if len(self.rows) >= self.max_rows:
+                self.rows = self.rows[::2]
+                self.stride *= 2
+        self._seen += 1

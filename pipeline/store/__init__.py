@@ -1,0 +1,3 @@
+"""A run's files: where each lives, atomic writes, ``run.json``, checks before trust, reading
+results back.
+"""

@@ -1,0 +1,275 @@
+"""A run's files read as untrusted input: each is checked before anything trusts it.
+
+What is on disk may be truncated (a full disk, a killed copy), replaced by hand or damaged;
+the run, ``simpipe show``, ``simpipe report`` and the web page all read through these
+functions, so a bad file is named the same way everywhere (``CorruptFile``: its path and what
+is wrong) and costs that file, never the reader.
+
+A part file (``rounds/round=<r>/part-<k>.parquet``, ``population/part-<k>.parquet``) holds
+the agents of one partition, ids ``start..stop-1`` in order. Checking it costs its Parquet
+footer (row count, schema) and its ``agent_id`` column, not a read of every column.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Annotated, Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from simpipe.errors import SimpipeError
+from simpipe.games.base import Game
+from simpipe.games.registry import game_from_dict
+from simpipe.personas.sampling import partition_bounds
+from simpipe.store.layout import RunPaths
+
+AgentRange = tuple[int, int]  # [start, stop) of one partition's agent ids
+# What to do about a corrupt part or summary file: the run repairs its own files.
+RESUME_REPAIRS = "`simpipe run CONFIG --resume` moves it aside and rebuilds it"
+
+
+class CorruptFile(SimpipeError, ValueError):
+    """A file that is missing, unreadable or not what simpipe wrote there."""
+
+    def __init__(self, path: Path, problem: str) -> None:
+        super().__init__(f"{path}: {problem}")
+        self.path = path
+        self.problem = problem
+
+    def shown_under(self, root: Path) -> str:
+        """The message with the path relative to ``root`` (e.g. the run directory)."""
+        try:
+            return f"{self.path.relative_to(root)}: {self.problem}"
+        except ValueError:
+            return str(self)
+
+
+def _reason(exc: BaseException) -> str:
+    """The first sentence of a library's error, without the path we already name."""
+    text = re.sub(r"Could not open Parquet input source '[^']*': ", "", str(exc)).strip()
+    first = re.split(r"(?<=[a-z])\. |\n", text, maxsplit=1)[0].rstrip(".")
+    return first or type(exc).__name__
+
+
+# --- part files -------------------------------------------------------------------------------
+
+def _checked_table(path: Path, agents: AgentRange, required: Sequence[str],
+                   read: Sequence[str]) -> pa.Table:
+    start, stop = agents
+    read = ["agent_id", *(c for c in read if c != "agent_id")]
+    try:
+        with pq.ParquetFile(path) as parquet:
+            names = parquet.schema_arrow.names
+            missing = [c for c in dict.fromkeys([*read, *required]) if c not in names]
+            if missing:
+                raise CorruptFile(path, f"no column {', '.join(missing)}")
+            rows = parquet.metadata.num_rows
+            if rows != stop - start:
+                raise CorruptFile(path, f"{rows} rows, expected {stop - start} "
+                                        f"(agents {start}..{stop - 1})")
+            table = parquet.read(columns=read)
+    except FileNotFoundError:
+        raise CorruptFile(path, "missing") from None
+    except (pa.ArrowException, OSError) as exc:
+        raise CorruptFile(path, f"not a readable Parquet file ({_reason(exc)})") from None
+    ids = table.column("agent_id")
+    if ids.null_count or not pa.types.is_integer(ids.type):
+        raise CorruptFile(path, "agent_id is not a column of integers")
+    values = ids.to_numpy()
+    if values.size and (values[0] != start or values[-1] != stop - 1
+                        or not np.all(np.diff(values) == 1)):
+        raise CorruptFile(path, f"agent ids {values.min()}..{values.max()} are not this "
+                                f"partition's {start}..{stop - 1} in order")
+    return table
+
+
+def read_part(path: Path, agents: AgentRange, columns: Sequence[str] = (),
+              required: Sequence[str] = ()) -> pd.DataFrame:
+    """``agent_id`` and ``columns`` of one part file, after checking that it holds exactly
+    the agents ``agents`` (``[start, stop)``, in order) and has the ``required`` columns too;
+    CorruptFile otherwise."""
+    table = _checked_table(path, agents, required, columns)
+    try:
+        return table.to_pandas()
+    except (pa.ArrowException, ValueError) as exc:
+        raise CorruptFile(path, f"unreadable columns ({_reason(exc)})") from None
+
+
+def check_part(path: Path, agents: AgentRange, columns: Sequence[str] = ()) -> None:
+    """CorruptFile unless ``path`` holds exactly the agents ``agents`` and has ``columns``.
+    Reads the footer and the agent_id column only."""
+    _checked_table(path, agents, columns, ())
+
+
+def round_problems(paths: RunPaths, round_index: int, bounds: Sequence[AgentRange],
+                   columns: Sequence[str] = ()) -> list[CorruptFile]:
+    """Every part of one round that is missing or corrupt (empty: the round is whole)."""
+    problems = []
+    for k, agents in enumerate(bounds):
+        try:
+            check_part(paths.round_part(round_index, k), agents, columns)
+        except CorruptFile as exc:
+            problems.append(exc)
+    return problems
+
+
+def expected_bounds(ledger: dict[str, Any], ledger_path: Path) -> list[AgentRange]:
+    """The agent ids of each partition, as the run that wrote ``ledger`` laid them out."""
+    size, parts = ledger.get("n_agents"), ledger.get("n_partitions")
+    if not isinstance(size, int) or not isinstance(parts, int) or parts < 1 or size < parts:
+        raise CorruptFile(ledger_path, "n_agents / n_partitions missing or impossible: "
+                                       "the part files cannot be checked")
+    return partition_bounds(size, parts)
+
+
+# --- summary.parquet ----------------------------------------------------------------------------
+
+def read_summary(path: Path, columns: Sequence[str]) -> pd.DataFrame:
+    """``summary.parquet`` with every summary column of its game (``Game.summary_columns``);
+    CorruptFile otherwise."""
+    try:
+        summary = pd.read_parquet(path)
+    except FileNotFoundError:
+        raise CorruptFile(path, "missing") from None
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise CorruptFile(path, f"not a readable Parquet file ({_reason(exc)})") from None
+    missing = [c for c in columns if c not in summary.columns]
+    if missing:
+        raise CorruptFile(path, f"no column {', '.join(missing)}")
+    if not pd.api.types.is_integer_dtype(summary["round"]):
+        raise CorruptFile(path, "the round column is not integers")
+    return summary
+
+
+# --- JSON files (run.json, and the UI's cluster state files) -------------------------------------
+
+NonNegative = Annotated[int, Field(ge=0)]
+ProcessId = Annotated[int, Field(ge=1)]  # never 0 or negative: os.kill would reach a group
+
+
+class StrictRecord(BaseModel):
+    """The shape of a JSON record as simpipe writes it. Strict: "12" is not a count and true
+    is not a number; unknown keys are kept as they are."""
+
+    model_config = ConfigDict(strict=True, extra="allow")
+
+
+_JSON_KINDS = {list: "array", str: "string", int: "number", float: "number", bool: "boolean",
+               type(None): "null"}
+
+
+def _first_error(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    where = ".".join(str(p) for p in err["loc"] if p != "[key]")
+    got = repr(err.get("input"))
+    got = got if len(got) <= 40 else got[:37] + "..."
+    return f"{where}: {err['msg'].lower()} (found {got})"
+
+
+def read_json_record(path: Path, model: type[StrictRecord], max_bytes: int) -> dict[str, Any]:
+    """A JSON object file as a dict whose fields have ``model``'s types; CorruptFile when it
+    is missing, bigger than ``max_bytes``, not a JSON object or a field has the wrong type."""
+    try:
+        size = path.stat().st_size
+        if size > max_bytes:
+            raise CorruptFile(path, f"{size:,} bytes, more than such a file holds ({max_bytes:,})")
+        data = json.loads(path.read_bytes())
+    except FileNotFoundError:
+        raise CorruptFile(path, "missing") from None
+    except UnicodeDecodeError:
+        raise CorruptFile(path, "not UTF-8 text") from None
+    except json.JSONDecodeError as exc:
+        raise CorruptFile(path, f"not valid JSON ({exc.msg}, line {exc.lineno})") from None
+    except (OSError, RecursionError) as exc:
+        raise CorruptFile(path, f"unreadable ({_reason(exc)})") from None
+    if not isinstance(data, dict):
+        raise CorruptFile(path, f"a JSON {_JSON_KINDS.get(type(data), 'value')}, "
+                                "expected an object")
+    try:
+        model.model_validate(data)
+    except ValidationError as exc:
+        raise CorruptFile(path, _first_error(exc)) from None
+    return data
+
+
+# --- run.json -----------------------------------------------------------------------------------
+
+# run.json holds a few hundred bytes per round and endpoint; anything this big is not ours.
+MAX_LEDGER_BYTES = 16 * 2**20
+
+
+class _RoundRecord(StrictRecord):
+    complete: bool = False
+    n: NonNegative = 0
+    n_valid: NonNegative = 0
+    n_unparsed: NonNegative = 0
+    n_out_of_range: NonNegative = 0
+    n_error: NonNegative = 0
+    mean: float | None = None
+    tokens_in: NonNegative = 0
+    tokens_out: NonNegative = 0
+    elapsed_s: float | None = None
+    agents_per_s: float | None = None
+    partitions_reused: NonNegative = 0
+
+
+class _Progress(StrictRecord):
+    round: NonNegative
+    partitions_done: NonNegative = 0
+    partitions_total: NonNegative = 0
+    agents_done: NonNegative = 0
+    elapsed_s: float | None = None
+    agents_per_s: float | None = None
+
+
+class _ConfigSections(StrictRecord):
+    # Only their shape: the sections' own rules belong to simpipe.config.
+    run: dict[str, Any] | None = None
+    population: dict[str, Any] | None = None
+    game: dict[str, Any] | None = None
+    agents: dict[str, Any] | None = None
+    cluster: dict[str, Any] | None = None
+
+
+class _Ledger(StrictRecord):
+    name: str | None = None
+    state: str = "unknown"
+    config_hash: str | None = None
+    config: _ConfigSections | None = None
+    created_at: str | None = None
+    updated_at: str | None = None
+    rounds_total: NonNegative | None = None
+    n_agents: NonNegative | None = None
+    n_partitions: NonNegative | None = None
+    rounds: dict[Annotated[str, Field(pattern=r"^[0-9]{1,9}$")], _RoundRecord] = {}
+    progress: _Progress | None = None
+    timings: dict[str, float] = {}
+    endpoints: dict[str, dict[str, float]] = {}
+    pid: ProcessId | None = None
+    host: str | None = None
+    scheduler: str | None = None
+    error: str | None = None
+
+
+def read_ledger(path: Path) -> dict[str, Any]:
+    """``run.json`` as a dict whose fields have the types simpipe writes; CorruptFile when
+    it is missing, too big, not JSON or a field has the wrong type."""
+    return read_json_record(path, _Ledger, MAX_LEDGER_BYTES)
+
+
+def run_game(ledger: dict[str, Any], ledger_path: Path) -> Game:
+    """The game a run's ``run.json`` (read with ``read_ledger``) configures; CorruptFile
+    naming run.json when its ``config.game`` is not a game's table."""
+    raw = (ledger.get("config") or {}).get("game") or {}
+    try:
+        return game_from_dict(raw)
+    except ValueError as exc:
+        problem = _first_error(exc) if isinstance(exc, ValidationError) else str(exc)
+        raise CorruptFile(ledger_path, f"config.game: {problem}") from None
