@@ -39,7 +39,7 @@ class BatchOptions:
 
 def servers_per_node(cluster: SlurmClusterConfig, gpus_per_node: int) -> int:
     cfg = cluster.servers
-    if cfg.kind == "none":
+    if not cfg.plugin.starts_servers:
         return 0
     if cfg.gpus_per_server and gpus_per_node:
         return max(1, gpus_per_node // cfg.gpus_per_server)

@@ -29,6 +29,12 @@ from pydantic import (
     model_validator,
 )
 
+from simpipe.cluster.server_kinds import (
+    DEFAULT_SERVER_KIND,
+    SERVER_KINDS,
+    ServerKindPlugin,
+    kind_description,
+)
 from simpipe.servers.emulator_profiles import get_profile
 
 _WALLTIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d{1,2}))?(?::(\d{1,2}))?$")
@@ -117,7 +123,8 @@ class AdaptConfig(_Section):
         return self
 
 
-ServerKind = Literal["none", "tgi", "vllm", "llamacpp", "custom", "emulated"]
+#: The names of ``simpipe.cluster.server_kinds.SERVER_KINDS``, when this module was imported.
+ServerKind = Literal[tuple(SERVER_KINDS)]  # type: ignore[valid-type]
 
 
 class EmulatedServersConfig(_Section):
@@ -157,10 +164,7 @@ class ServersConfig(_Section):
     port) replace ``agents.<backend>.endpoints``.
     """
 
-    kind: ServerKind = Field("none", description=(
-        "`none`, `tgi`, `vllm`, `llamacpp` (the embedded engine's HTTP server, for CPU nodes), "
-        "`custom` (needs `command`), `emulated` (simpipe's GPU server emulator: "
-        "[emulator](emulator.md))"))
+    kind: ServerKind = Field(DEFAULT_SERVER_KIND, description=kind_description())
     model: str = Field("", description=(
         "model id (TGI, vLLM) or GGUF path (llama.cpp; `\"\"`: the embedded Gemma)"))
     command: str = Field("", description=(
@@ -201,9 +205,9 @@ class ServersConfig(_Section):
 
     @model_validator(mode="after")
     def _consistent(self) -> ServersConfig:
-        if self.kind == "custom" and not self.command:
-            raise ValueError('kind = "custom" needs command = "... --port {port} ..."')
-        if self.kind in ("tgi", "vllm") and not self.model and not self.command:
+        if self.plugin.needs_command and not self.command:
+            raise ValueError(f'kind = "{self.kind}" needs command = "... --port {{port}} ..."')
+        if self.plugin.needs_model and not self.model and not self.command:
             raise ValueError(f'kind = "{self.kind}" needs model = "<model id or path>"')
         if self.container != "none" and not self.image:
             raise ValueError(f'container = "{self.container}" needs image = "<.sif or docker://...>"')
@@ -213,21 +217,26 @@ class ServersConfig(_Section):
         return self
 
     @property
+    def plugin(self) -> ServerKindPlugin:
+        """The kind's entry in ``simpipe.cluster.server_kinds.SERVER_KINDS``."""
+        return SERVER_KINDS[self.kind]
+
+    @property
     def count(self) -> int:
         return self.nodes * self.per_node
 
     @property
     def endpoint_backend(self) -> str | None:
         """The ``agents.<backend>`` whose endpoints these servers are."""
-        if self.kind == "emulated":
-            return "tgi" if self.emulated.protocol == "tgi" else "openai"
-        return {"tgi": "tgi", "vllm": "openai", "llamacpp": "openai", "custom": None,
-                "none": None}[self.kind]
+        if self.plugin.emulator:
+            # An emulator's protocol is named after the back-end whose requests it answers.
+            return self.emulated.protocol
+        return self.plugin.endpoint_backend
 
     @property
     def servers_per_job(self) -> int:
         """Servers (ports) one SLURM job runs: an emulator process holds several GPUs."""
-        return self.emulated.gpus_per_process if self.kind == "emulated" else 1
+        return self.emulated.gpus_per_process if self.plugin.emulator else 1
 
 
 class _Cluster(_Section):
@@ -242,7 +251,7 @@ class _Cluster(_Section):
 
     @model_validator(mode="after")
     def _servers_run_here(self) -> _Cluster:
-        if not self.server_jobs and self.servers.kind not in ("none", "emulated"):
+        if not self.server_jobs and self.servers.plugin.needs_slurm:
             kind = self.model_fields["kind"].default  # type: ignore[index]
             raise ValueError(f'cluster.servers.kind = "{self.servers.kind}" needs cluster.kind = '
                              f'"slurm" (servers run as SLURM jobs); set cluster.servers.kind = '

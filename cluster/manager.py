@@ -60,7 +60,7 @@ def serve(name: str) -> int:
     try:
         with slurm_cluster(cfg, job_name=worker_job_name(name)) as cluster, \
                 Client(cluster) as client:
-            if cfg.servers.kind != "none":
+            if cfg.servers.plugin.starts_servers:
                 servers = srv.launch(cfg, name, log_dir)
                 update_state(name, servers=[s.as_dict() for s in servers])
             update_state(name, scheduler=cluster.scheduler_address,

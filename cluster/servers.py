@@ -1,4 +1,5 @@
-"""Inference servers as SLURM jobs: command templates, job scripts, health checks.
+"""Inference servers as SLURM jobs: command lines (each kind's template is its entry in
+``simpipe.cluster.server_kinds``), job scripts, health checks.
 
 One SLURM job per server, so a server can be cancelled, replaced or counted on its own; each
 gets its own port (``servers.port + index``) so several can share a node without clashing.
@@ -23,21 +24,6 @@ from pathlib import Path
 from simpipe.cluster import slurm
 from simpipe.cluster.config import ClusterConfig, ServersConfig, memory_mib
 from simpipe.errors import SimpipeError
-
-TEMPLATES: dict[str, str] = {
-    # text-generation-inference; one shard per GPU of the server.
-    "tgi": ("text-generation-launcher --model-id {model} --hostname {host} --port {port} "
-            "--num-shard {gpus} {extra_args}"),
-    # vLLM's OpenAI-compatible server; tensor parallel over the server's GPUs.
-    "vllm": ("vllm serve {model} --host {host} --port {port} --tensor-parallel-size {gpus} "
-             "{extra_args}"),
-    # llama.cpp's server through the embedded engine (CPU nodes, tests).
-    "llamacpp": ("{python} -m simpipe.servers.llamacpp_server --host {host} --port {port} "
-                 "--threads {cpus} {model_flag} {extra_args}"),
-    # Emulated GPU servers (dry runs): one process, several GPUs on ports from {port}.
-    "emulated": ("{python} -m simpipe.servers.emulator --host {host} --port {port} "
-                 "{emulator_args} {extra_args}"),
-}
 
 ENDED_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
                 "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
@@ -84,7 +70,7 @@ def server_command(cfg: ServersConfig, port: int | str, index: int = 0,
                    python: str | None = None, emulated_gpus: int = 1) -> str:
     """The command line of one server (or of one emulator process with ``emulated_gpus``
     GPUs), container wrapper included."""
-    template = cfg.command or TEMPLATES.get(cfg.kind, "")
+    template = cfg.command or cfg.plugin.template
     if not template:
         raise ServerError(f'cluster.servers.kind = "{cfg.kind}" has no command template; set '
                           "cluster.servers.command")
@@ -122,7 +108,7 @@ def server_job_script(cluster: ClusterConfig, cluster_name: str, index: int,
     first = index * cfg.servers_per_job
     in_job = min(cfg.servers_per_job, cfg.count - first)
     port = cfg.port + first
-    emulated = cfg.kind == "emulated"
+    emulated = cfg.plugin.emulator
     lines = [
         "#!/usr/bin/env bash",
         f"#SBATCH --job-name={job_name(cluster_name)}",

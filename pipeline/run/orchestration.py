@@ -21,7 +21,7 @@ from contextlib import ExitStack, contextmanager
 
 from simpipe.cluster import servers as srv
 from simpipe.cluster import slurm
-from simpipe.cluster.emulate import Site, emulate_config, local_emulators, probe_site
+from simpipe.cluster.emulate import Site, emulate_config, probe_site
 from simpipe.cluster.servers import ServerError
 from simpipe.cluster.state import StateError, read_section, read_state, run_target
 from simpipe.config import Config, ConfigError, config_from_dict
@@ -58,12 +58,12 @@ def on_cluster(config: Config, name: str, *, emulate: bool = False) -> Config:
     ``[cluster]`` described that cluster when it was started; only emulated servers stay
     (the estimate of the real run is made from them)."""
     state = read_state(name)
-    if read_section(name).servers.kind == "emulated" and not emulate:
+    if read_section(name).servers.plugin.emulator and not emulate:
         raise StateError(f"cluster {name!r} serves emulated GPUs: add --emulate "
                          "(its results then go to <run.name>-emulated)")
     scheduler, endpoints = run_target(state, config.agents.backend)
     raw = config.model_dump(mode="json")
-    servers = raw["cluster"]["servers"] if config.cluster.servers.kind == "emulated" else {}
+    servers = raw["cluster"]["servers"] if config.cluster.servers.plugin.emulator else {}
     raw["cluster"] = {"kind": "address", "address": scheduler, "servers": servers}
     if endpoints:
         raw["agents"][config.agents.backend]["endpoints"] = endpoints
@@ -76,7 +76,7 @@ def servers_for_run(config: Config, console: Console | None = None) -> Iterator[
     stopped when the context ends; the config with their endpoints."""
     console = console or Console()
     servers = config.cluster.servers
-    if servers.kind == "none":
+    if not servers.plugin.starts_servers:
         yield config
         return
     backend = servers.endpoint_backend or config.agents.backend
@@ -123,7 +123,8 @@ def _local_emulators(config: Config, console: Console) -> Iterator[list[str]]:
     """Emulated servers as processes on this machine; stopped on exit."""
     with ExitStack() as stack:
         try:
-            urls = stack.enter_context(local_emulators(config.cluster.servers))
+            servers = config.cluster.servers
+            urls = stack.enter_context(servers.plugin.local_processes()(servers))
         except (RuntimeError, OSError) as exc:
             raise ServerError(f"emulated servers did not start: {exc}") from None
         console.line(f"emulated servers ready: {len(urls)} on this machine")

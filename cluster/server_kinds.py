@@ -1,0 +1,112 @@
+"""``cluster.servers.kind`` as plug-ins: each declares its name, its command template, which
+``agents.backend`` its URLs feed, and what ``--emulate`` needs to imitate it.
+
+``SERVER_KINDS`` is the one list: ``[cluster.servers]`` takes its allowed kinds and the
+description of ``kind`` from it, the server launcher its command template, ``--emulate`` its
+protocol and emulator parameters. Adding a server kind is one entry here.
+
+How servers of a kind run as local processes (clusters without SLURM server jobs) is named
+as ``"module:function"`` and imported when first used: the emulator's server code loads only
+where emulators run.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import Any
+
+#: TGI's --max-concurrent-requests default.
+TGI_MAX_CONCURRENT = 128
+#: vLLM (and llama.cpp's server) queue every request; they never answer 429.
+NO_LIMIT = 1_000_000
+
+
+@dataclass(frozen=True)
+class ServerKindPlugin:
+    """One ``cluster.servers.kind``."""
+
+    name: str
+    #: What it is, for the config reference ("" when the name says it all).
+    summary: str = ""
+    #: The command line of one server: a template with ``{model} {host} {port} {gpus} {cpus}
+    #: {python} {extra_args} {index}`` (and ``{model_flag} {emulator_args}``); "" when there
+    #: is none ready-made, so ``cluster.servers.command`` is required.
+    template: str = ""
+    #: False only for "no servers": nothing is started and no endpoints are replaced.
+    starts_servers: bool = True
+    #: The ``agents.backend`` whose ``endpoints`` its URLs become; None: whichever back-end
+    #: the config chooses (a custom command), or, for the emulator, its ``protocol``.
+    endpoint_backend: str | None = None
+    #: Needs ``cluster.servers.model`` (or a ``command`` of its own).
+    needs_model: bool = False
+    #: The emulator itself: several emulated GPUs (ports) per process, no GPUs booked, an
+    #: estimate of the real run afterwards.
+    emulator: bool = False
+    #: ``(servers) -> context manager yielding URLs``: runs them as processes on this machine
+    #: (cluster kinds that start no SLURM server jobs); None: SLURM jobs only.
+    local: str | None = None
+    #: ``--emulate``: the emulator parameters that imitate this kind's own defaults, and its
+    #: ``extra_args`` flags that set an emulator parameter (flag -> parameter).
+    emulator_params: Mapping[str, float] = field(default_factory=dict)
+    emulator_flags: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def needs_command(self) -> bool:
+        """Servers are started, but no ready-made command line starts them."""
+        return self.starts_servers and not self.template
+
+    @property
+    def needs_slurm(self) -> bool:
+        """Its servers only run as SLURM jobs (``cluster.kind = "slurm"``)."""
+        return self.starts_servers and self.local is None
+
+    def local_processes(self) -> Callable[[Any], AbstractContextManager[list[str]]]:
+        if self.local is None:
+            raise ValueError(f"cluster.servers.kind = {self.name!r} runs as SLURM jobs only")
+        module, _, function = self.local.partition(":")
+        return getattr(importlib.import_module(module), function)
+
+
+SERVER_KINDS: dict[str, ServerKindPlugin] = {kind.name: kind for kind in (
+    ServerKindPlugin("none", starts_servers=False),
+    # text-generation-inference; one shard per GPU of the server.
+    ServerKindPlugin(
+        "tgi", endpoint_backend="tgi", needs_model=True,
+        template=("text-generation-launcher --model-id {model} --hostname {host} --port {port} "
+                  "--num-shard {gpus} {extra_args}"),
+        emulator_params={"max_concurrent_requests": TGI_MAX_CONCURRENT},
+        emulator_flags={"--max-concurrent-requests": "max_concurrent_requests",
+                        "--max-batch-prefill-tokens": "max_batch_prefill_tokens"}),
+    # vLLM's OpenAI-compatible server; tensor parallel over the server's GPUs.
+    ServerKindPlugin(
+        "vllm", endpoint_backend="openai", needs_model=True,
+        template=("vllm serve {model} --host {host} --port {port} --tensor-parallel-size {gpus} "
+                  "{extra_args}"),
+        emulator_params={"max_concurrent_requests": NO_LIMIT},
+        emulator_flags={"--max-num-seqs": "max_batch",
+                        "--max-num-batched-tokens": "max_batch_prefill_tokens"}),
+    # llama.cpp's server through the embedded engine (CPU nodes, tests).
+    ServerKindPlugin(
+        "llamacpp", "the embedded engine's HTTP server, for CPU nodes", endpoint_backend="openai",
+        template=("{python} -m simpipe.servers.llamacpp_server --host {host} --port {port} "
+                  "--threads {cpus} {model_flag} {extra_args}"),
+        emulator_params={"max_concurrent_requests": NO_LIMIT}),
+    ServerKindPlugin("custom", "needs `command`"),
+    # Emulated GPU servers (dry runs): one process, several GPUs on ports from {port}.
+    ServerKindPlugin(
+        "emulated", "simpipe's GPU server emulator: [emulator](emulator.md)", emulator=True,
+        template=("{python} -m simpipe.servers.emulator --host {host} --port {port} "
+                  "{emulator_args} {extra_args}"),
+        local="simpipe.cluster.emulate:local_emulators"),
+)}
+#: ``cluster.servers.kind`` when the config names none.
+DEFAULT_SERVER_KIND = "none"
+
+
+def kind_description() -> str:
+    """The config reference's text for ``cluster.servers.kind``, from the registry."""
+    return ", ".join(f"`{k.name}` ({k.summary})" if k.summary else f"`{k.name}`"
+                     for k in SERVER_KINDS.values())
