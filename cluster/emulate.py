@@ -25,21 +25,17 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from simpipe.backends import BACKENDS, endpoint_backends
 from simpipe.cluster import slurm
 from simpipe.cluster.config import ServersConfig, memory_mib
 from simpipe.cluster.endpoints import is_local
+from simpipe.cluster.server_kinds import SERVER_KINDS
 from simpipe.config import Config, config_from_dict
 from simpipe.errors import SimpipeError
 
-#: extra_args flags of the real servers that set an emulator parameter.
-SERVER_FLAGS = {
-    "tgi": {"--max-concurrent-requests": "max_concurrent_requests",
-            "--max-batch-prefill-tokens": "max_batch_prefill_tokens"},
-    "vllm": {"--max-num-seqs": "max_batch", "--max-num-batched-tokens": "max_batch_prefill_tokens"},
-}
-TGI_MAX_CONCURRENT = 128  # TGI's --max-concurrent-requests default
-NO_LIMIT = 1_000_000  # vLLM queues every request; it never answers 429
 SUFFIX = "-emulated"
+#: The server kind that replaces the configured one.
+EMULATOR_KIND = next(kind.name for kind in SERVER_KINDS.values() if kind.emulator)
 
 
 class EmulateError(SimpipeError, ValueError):
@@ -100,14 +96,11 @@ def _misfits(cluster: Any, site: Site) -> list[str]:
     return why
 
 
-def _server_params(servers: Any, kind: str) -> dict[str, float]:
-    """Emulator parameters from the real servers' flags, then the user's own params."""
-    params: dict[str, float] = {}
-    if kind == "tgi":
-        params["max_concurrent_requests"] = TGI_MAX_CONCURRENT
-    elif kind in ("vllm", "llamacpp"):
-        params["max_concurrent_requests"] = NO_LIMIT
-    flags = SERVER_FLAGS.get(kind, {})
+def _server_params(servers: ServersConfig) -> dict[str, float]:
+    """Emulator parameters from the real servers' defaults and flags (their kind's
+    ``emulator_params`` and ``emulator_flags``), then the user's own params."""
+    params: dict[str, float] = dict(servers.plugin.emulator_params)
+    flags = servers.plugin.emulator_flags
     words = shlex.split(servers.extra_args)
     for i, word in enumerate(words):
         name, _, value = word.partition("=")
@@ -126,27 +119,29 @@ def emulate_config(config: Config, site: Site, place: bool = True) -> tuple[Conf
     where workers and emulators run (not for a persistent cluster that already runs)."""
     raw = config.model_dump(mode="json")
     cluster, servers = raw["cluster"], raw["cluster"]["servers"]
-    kind = config.cluster.servers.kind
-    backend = config.agents.backend
+    kind = config.cluster.servers.plugin
+    backend = config.agents.plugin
+    served = " or ".join(endpoint_backends())
     notes: list[str] = []
-    if kind == "none":
-        if backend not in ("tgi", "openai"):
+    if not kind.starts_servers:
+        if not backend.takes_endpoints:
             raise EmulateError(f"--emulate replaces inference servers, but agents.backend = "
-                               f"{backend!r} uses none; use tgi or openai")
-        endpoints = getattr(config.agents, backend).endpoints
+                               f"{backend.name!r} uses none; use {served}")
+        endpoints = config.agents.settings.endpoints
         servers.update(nodes=1, per_node=len(endpoints))
-    elif kind == "custom" and backend not in ("tgi", "openai"):
-        raise EmulateError(f"--emulate: custom servers feed agents.backend = {backend!r}; set "
-                           "agents.backend to tgi or openai")
+    elif kind.endpoint_backend is None and not kind.emulator and not backend.takes_endpoints:
+        raise EmulateError(f"--emulate: {kind.name} servers feed agents.backend = "
+                           f"{backend.name!r}; set agents.backend to {served}")
     emulated = servers["emulated"]
-    if kind != "emulated":
-        protocol = "tgi" if kind == "tgi" or (kind in ("none", "custom") and backend == "tgi") \
-            else "openai"
-        emulated.update(protocol=protocol, params=_server_params(config.cluster.servers, kind),
+    if not kind.emulator:
+        # The emulator answers the requests of the back-end the real servers feed, or of
+        # the config's own back-end where the kind does not say (no servers, a custom one).
+        protocol = kind.endpoint_backend or backend.name
+        emulated.update(protocol=protocol, params=_server_params(config.cluster.servers),
                         model_id=emulated["model_id"] or config.cluster.servers.model)
-        if backend == "openai" and protocol == "openai" and not emulated["model_id"]:
-            emulated["model_id"] = config.agents.openai.model
-        servers.update(kind="emulated", command="", extra_args="", container="none", image="",
+        if protocol == backend.name and not emulated["model_id"]:
+            emulated["model_id"] = backend.request_model(config.agents.settings)
+        servers.update(kind=EMULATOR_KIND, command="", extra_args="", container="none", image="",
                        container_args="", cpus_per_server=1, memory="1GB",
                        job_extra_directives=[], health_path="/health",
                        models_path="/v1/models",
@@ -167,10 +162,10 @@ def emulate_config(config: Config, site: Site, place: bool = True) -> tuple[Conf
                      f"tensor parallelism over gpus_per_server = "
                      f"{emu.cluster.servers.gpus_per_server} is not modelled (GPU-hours count "
                      "every GPU)")
-    routes = "TGI" if e.protocol == "tgi" else "OpenAI (vLLM)"
+    routes = BACKENDS[e.protocol].routes
     processes = math.ceil(count / e.gpus_per_process)
     notes.insert(0, f"--emulate: {count} emulated {e.profile} GPU server(s) with {routes} "
-                    f"routes replace cluster.servers ({kind}), {processes} emulator "
+                    f"routes replace cluster.servers ({kind.name}), {processes} emulator "
                     f"process(es), time scale {e.time_scale:g}; results go to "
                     f"{emu.run_dir}")
     return emu, notes

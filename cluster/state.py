@@ -18,6 +18,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from simpipe.backends import BACKENDS
 from simpipe.cluster.config import SlurmClusterConfig
 from simpipe.cluster.process_identity import is_process_id
 from simpipe.errors import SimpipeError
@@ -183,9 +184,9 @@ def healthy_endpoints(state: dict[str, Any]) -> list[str]:
 
 
 def run_target(state: dict[str, Any], backend: str) -> tuple[str, list[str]]:
-    """What points a run at this cluster: its scheduler address and, for an HTTP back-end
-    (``tgi``, ``openai``), its healthy servers' URLs for ``agents.<backend>.endpoints``
-    (empty otherwise)."""
+    """What points a run at this cluster: its scheduler address and, for a back-end that
+    takes endpoints (``takes_endpoints`` in ``simpipe.backends``), its healthy servers' URLs
+    for ``agents.<backend>.endpoints`` (empty otherwise)."""
     name = state.get("name", "?")
     if state.get("state") != "ready":
         raise StateError(f"cluster {name!r} is {state.get('state', 'unknown')!r}, not ready; "
@@ -196,7 +197,8 @@ def run_target(state: dict[str, Any], backend: str) -> tuple[str, list[str]]:
                          f"`simpipe cluster down {name}` cleans it up")
     endpoints = healthy_endpoints(state)
     served = state.get("endpoint_backend")
-    if backend not in ("tgi", "openai") or not endpoints:
+    plugin = BACKENDS.get(backend)
+    if plugin is None or not plugin.takes_endpoints or not endpoints:
         return scheduler, []
     if served and served != backend:
         raise StateError(

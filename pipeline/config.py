@@ -31,17 +31,20 @@ from pydantic import (
 )
 
 from simpipe.backends import (
-    BACKEND_NAMES,
     BACKENDS,
-    LLM_BACKENDS,
+    DEFAULT_BACKEND,
+    DEFAULT_PERSONA_BACKEND,
     BackendPlugin,
+    backend_description,
+    endpoint_backends,
+    llm_backends,
 )
 from simpipe.cluster.config import KIND_ERROR, ClusterConfig, LocalClusterConfig
 from simpipe.errors import SimpipeError
 from simpipe.games.config import AnyGameConfig, BeautyContestConfig, GameConfig
 from simpipe.games.registry import game_for
 from simpipe.inference.settings import SamplingSettings
-from simpipe.personas.config import PopulationConfig, attribute_labels
+from simpipe.personas.config import PopulationConfig
 
 # The largest TOML integer. Every use of the seed takes it: numpy's SeedSequence (any
 # integer >= 0) and the per-agent request seeds, computed in uint64 (simpipe.agents.llm).
@@ -79,10 +82,8 @@ class RunSection(_Section):
 class _Agents(SamplingSettings):
     """``[agents]`` without the back-ends' tables (``AgentsConfig`` adds one per back-end)."""
 
-    backend: Literal[BACKEND_NAMES] = Field("scripted", description=(  # type: ignore[valid-type]
-        "who answers: `scripted` (rule-based, no LLM), `llamacpp` (the embedded engine), `tgi`, "
-        "`openai` (any OpenAI-compatible server); its settings are the `[agents.<backend>]` "
-        "table of that name"))
+    backend: Literal[tuple(BACKENDS)] = Field(  # type: ignore[valid-type]
+        DEFAULT_BACKEND, description=backend_description())
     share_answers: Literal["auto", "off"] = Field("auto", description=(
         "`auto`: agents whose prompts are identical draw their answers from one answer "
         "distribution computed for that prompt, where the back-end and the answer format allow "
@@ -181,22 +182,11 @@ class Config(_Section):
                                    "log_directory": str(run_job_log_dir(output_dir, name))}}
 
     @model_validator(mode="after")
-    def _depth_shift_names(self) -> Config:
-        attrs = self.population.attributes
-        for attr, shifts in self.agents.scripted.depth_shift.items():
-            if attr not in attrs:
-                raise ValueError(
-                    f"agents.scripted.depth_shift.{attr}: no such attribute; "
-                    f"population.attributes has {sorted(attrs) or 'none'}"
-                )
-            labels = attribute_labels(attrs[attr])
-            if labels is not None:
-                unknown = sorted(set(shifts) - set(labels))
-                if unknown:
-                    raise ValueError(
-                        f"agents.scripted.depth_shift.{attr}: unknown labels {unknown}; "
-                        f"allowed: {sorted(labels)}"
-                    )
+    def _backends_fit_population(self) -> Config:
+        # Every back-end's table, chosen or not: a table that cannot fit is an error either way.
+        for name, plugin in BACKENDS.items():
+            if plugin.population_check is not None:
+                plugin.population_check(getattr(self.agents, name), self.population)
         return self
 
     @model_validator(mode="after")
@@ -215,7 +205,7 @@ class Config(_Section):
         data = self.model_dump(mode="json", exclude={
             "cluster": True, "run": {"output_dir"},
             # Servers may move between a run and its --resume (a new `cluster up`).
-            "agents": {"tgi": {"endpoints"}, "openai": {"endpoints"}},
+            "agents": dict.fromkeys(endpoint_backends(), {"endpoints"}),
         })
         return _digest(data)
 
@@ -245,7 +235,7 @@ def run_job_log_dir(output_dir: str | Path, name: str) -> Path:
     return (Path(output_dir) / name / "logs" / "slurm").absolute()
 
 
-_PERSONA_AGENT_KEYS = ("backend", *LLM_BACKENDS)
+_PERSONA_AGENT_KEYS = ("backend", *llm_backends())
 
 
 def persona_agents_config(raw: dict[str, Any]) -> AgentsConfig:
@@ -260,14 +250,14 @@ def persona_agents_config(raw: dict[str, Any]) -> AgentsConfig:
                          f"{', '.join(_PERSONA_AGENT_KEYS)} (sampling: population.persona."
                          "temperature, top_p, max_tokens)")
     try:
-        agents = AgentsConfig.model_validate({"backend": "llamacpp", **raw})
+        agents = AgentsConfig.model_validate({"backend": DEFAULT_PERSONA_BACKEND, **raw})
     except ValidationError as exc:
         err = exc.errors(include_url=False)[0]
         where = ".".join([key, *map(str, err["loc"])])
         raise ValueError(f"{where}: {err['msg']}") from None
     if not agents.plugin.is_llm:
         raise ValueError(f"{key}.backend = {agents.backend!r}: personas need an LLM; "
-                         f"allowed: {', '.join(LLM_BACKENDS)}")
+                         f"allowed: {', '.join(llm_backends())}")
     return agents
 
 

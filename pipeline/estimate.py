@@ -250,9 +250,9 @@ def report_estimate(config: Any, ledger: Any, console: Any) -> dict | None:
     print it. Nothing for a run without emulated servers; a fleet that cannot be read is one
     warning line, never a failed run."""
     servers = config.cluster.servers
-    if servers.kind != "emulated" or config.agents.backend not in ("tgi", "openai"):
+    if not servers.plugin.emulator or not config.agents.plugin.takes_endpoints:
         return None
-    urls = getattr(config.agents, config.agents.backend).endpoints
+    urls = config.agents.settings.endpoints
     stats, problems = fetch_stats(urls)
     for problem in problems[:3]:
         console.warn(f"estimate: {problem}")

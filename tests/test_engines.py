@@ -18,7 +18,7 @@ from simpipe.agents.registry import (
     process_engines,
     prompt_style,
 )
-from simpipe.backends import BACKENDS, LLM_BACKENDS
+from simpipe.backends import BACKENDS, llm_backends
 from simpipe.config import ConfigError, config_from_dict
 from simpipe.inference.base import Backend, GenerationRequest
 from simpipe.run.aio import run_async
@@ -69,7 +69,7 @@ def test_every_backend_of_the_registry_is_a_config_choice_with_its_own_table():
         assert prompt_style(agents) in ("completion", "chat")
         if plugin.is_llm:
             assert issubclass(plugin.engine_class(), Backend)
-    assert LLM_BACKENDS == ("llamacpp", "tgi", "openai")
+    assert llm_backends() == ("llamacpp", "tgi", "openai")
     chat = config_from_dict({"agents": {"backend": "openai", "openai": {"api": "chat"}}})
     assert prompt_style(chat.agents) == "chat"
     with pytest.raises(ConfigError, match=r"agents.backend = 'magic': Input should be "

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from simpipe.backends import BACKENDS
 from simpipe.games.answer_format import IntegerAnswers
 from simpipe.games.config import AnyGameConfig
 from simpipe.inference.answer_distribution import (
@@ -31,14 +32,6 @@ from simpipe.inference.answer_distribution import (
 from simpipe.inference.base import Backend
 from simpipe.inference.llamacpp_sampler import ChainSettings
 
-# Why a back-end cannot share answers (details: docs/shared-answers.md, "What each
-# back-end can expose").
-_BACKEND_LIMITS = {
-    "tgi": "TGI returns at most 5 top tokens per position (--max-top-n-tokens) and no "
-           "probabilities after a chosen continuation",
-    "openai": "OpenAI-compatible servers cap the top log-probabilities (vLLM: 20) and differ "
-              "in whether they are taken before or after sampling; not implemented",
-}
 _DRAW_STREAM = np.uint64(0xD1B54A32D192ED03)
 
 
@@ -50,8 +43,9 @@ def sharing_refusal(share_answers: str, game: AnyGameConfig, backend_name: str,
     if game.prompt == "cot":
         return 'chain-of-thought answers are free text (game.prompt = "cot")'
     if not backend_can:
-        return f"the {backend_name} back-end cannot: " + _BACKEND_LIMITS.get(
-            backend_name, "it exposes no next-token probabilities")
+        # Why: each back-end's ``share_limit`` (docs/shared-answers.md, "What each back-end
+        # can expose").
+        return f"the {backend_name} back-end cannot: " + BACKENDS[backend_name].share_limit
     if prompt_style != "completion":
         return "chat prompts are templated by the server, so their tokens are unknown here"
     return None

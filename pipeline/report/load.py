@@ -10,8 +10,9 @@ from pathlib import Path
 import pandas as pd
 import pyarrow.parquet as pq
 
+from simpipe.backends import BACKENDS, DEFAULT_BACKEND
 from simpipe.errors import SimpipeError
-from simpipe.games.base import Game, ScriptedSettings
+from simpipe.games.base import Game
 from simpipe.personas.config import PopulationConfig
 from simpipe.store.integrity import (
     RESUME_REPAIRS,
@@ -72,9 +73,10 @@ class RunData:
         except ValueError:
             return None
         agents = config.get("agents") or {}
-        if agents.get("backend", "scripted") == "scripted":
-            scripted = ScriptedSettings.from_table(agents.get("scripted") or {})
-            rules = self.game.scripted_attributes(scripted)
+        backend = agents.get("backend", DEFAULT_BACKEND)
+        plugin = BACKENDS.get(backend) if isinstance(backend, str) else None
+        if plugin is not None and plugin.rule_attributes is not None:
+            rules = plugin.rule_attributes(agents.get(backend) or {}, self.game)
             return "rules" if attribute in rules else None
         return "prompt" if attribute in population.attributes_in_prompt else None
 

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from itertools import pairwise
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 from scipy.special import stdtrit  # the t quantile, without importing all of scipy.stats
 
-from simpipe.games.base import Game, ReferenceTable, ScriptedSettings
+from simpipe.backends import BACKENDS
+from simpipe.games.base import Game, ReferenceTable
 from simpipe.report.load import RunData
 
 CONFIDENCE = 0.95
@@ -114,15 +114,10 @@ def reference_tables(runs: Sequence[RunData],
 def describe_backend(config: dict, game: Game) -> str:
     agents = config.get("agents", {})
     backend = agents.get("backend", "?")
-    if backend == "llamacpp":
-        model_path = (agents.get("llamacpp") or {}).get("model_path")
-        return f"llamacpp:{Path(model_path).name if model_path else 'gemma3-270m (default)'}"
-    if backend == "openai":
-        return f"openai:{(agents.get('openai') or {}).get('model', 'default')}"
-    if backend == "scripted":
-        settings = agents.get("scripted") or {}
-        return f"scripted ({game.describe_scripted(ScriptedSettings.from_table(settings))})"
-    return str(backend)
+    plugin = BACKENDS.get(backend) if isinstance(backend, str) else None
+    if plugin is None:  # a run of a back-end this version does not know
+        return str(backend)
+    return plugin.describe(agents.get(backend) or {}, game)
 
 
 def _bin(column: pd.Series) -> pd.Categorical:

@@ -172,7 +172,7 @@ def _run_rounds(client: Client, config: Config, paths: RunPaths, ledger: Ledger,
                       warn=console.warn)
     bar.close()
     ledger.add_timing("population_s", time.perf_counter() - t0)
-    if config.agents.backend != "scripted":
+    if config.agents.plugin.is_llm:
         console.line(answers_plan(config))
 
     size, n_parts = config.population.size, config.population.n_partitions
@@ -407,7 +407,7 @@ def _round_line(config: Config, game: Game, r: int, rows: pd.DataFrame, record: 
         f"error {record['n_error']})  {record['elapsed_s']:.1f}s  "
         f"{_rate(record['agents_per_s'])} agents/s  ({game.reference_text(r)})"
     )
-    if config.agents.backend != "scripted" and record["distinct_prompts"]:
+    if config.agents.plugin.is_llm and record["distinct_prompts"]:
         line += (f"\n  {record['distinct_prompts']:,} distinct prompts, sharing factor "
                  f"{record['sharing_factor']:,.1f}, {record['model_calls']:,} model calls, "
                  f"{record['shared_agents']:,} answers drawn from shared distributions")
