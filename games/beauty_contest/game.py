@@ -117,8 +117,10 @@ class BeautyContest(Game):
             values = agents[attr].astype(object)
             depth_mean += values.map(shifts).fillna(0.0).to_numpy(dtype=np.float64)
         anchor = turn.past_feedback[:, -1] if turn.round_index > 0 else None
-        params = HierarchyParams(tau=settings.tau, noise=settings.noise)
-        guesses = hierarchy_guesses(self.config, params, depth_mean, anchor, turn.rng(_STREAM))
+        params = HierarchyParams(tau=settings.tau, noise=settings.noise,
+                                 growth=settings.depth_growth)
+        guesses = hierarchy_guesses(self.config, params, depth_mean, anchor, turn.rng(_STREAM),
+                                    turn.round_index)
         # Two decimals, as a person (or the LLM answer grammar) would write them; it also keeps
         # the per-partition value counts that the reduce receives small.
         return np.round(guesses, 2)
