@@ -81,7 +81,7 @@ class BeautyContest(Game):
     # --- answers and prompts ------------------------------------------------------------
 
     def answer(self) -> NumberAnswer:
-        return NumberAnswer(self.config.low, self.config.high, self.config.prompt == "cot")
+        return NumberAnswer(self.config.low, self.config.high, self.config.free_text_answer)
 
     def prompt_texts(self, marker: str) -> PromptTexts:
         return words.prompt_texts(self.config, marker)
@@ -162,10 +162,11 @@ class BeautyContest(Game):
     def describe(self) -> str:
         g = self.config
         return (f"target = {g.offset:g} + {g.ratio} × mean, guesses in [{g.low:g}, {g.high:g}], "
-                f"{g.rounds} rounds, prompt {g.prompt}, equilibrium {self._equilibrium:.2f}")
+                f"{g.rounds} rounds, prompt {words.prompt_label(g)}, "
+                f"equilibrium {self._equilibrium:.2f}")
 
     def variant(self) -> str:
-        return f"ratio {self.config.ratio}, {self.config.prompt}"
+        return f"ratio {self.config.ratio}, {words.prompt_label(self.config)}"
 
     def round_chart(self) -> RoundChart:
         return RoundChart(
@@ -246,6 +247,10 @@ class BeautyContest(Game):
             table.notes.append(f"{label}: the paper's numbers are for ratio {refs.llm_ratio} "
                                f"without offset; this run has ratio {g.ratio}, "
                                f"offset {g.offset:g}")
+            return table
+        if g.rational_players or g.predict_others:
+            table.notes.append(f"{label}: the paper's numbers are for its basic and cot prompts; "
+                               f"this run's prompt is {words.prompt_label(g)}")
             return table
         for ref in refs.llm:
             if ref.prompt != g.prompt:

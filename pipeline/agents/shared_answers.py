@@ -49,6 +49,8 @@ def sharing_refusal(share_answers: str, game: AnyGameConfig, backend_name: str,
         return 'agents.share_answers = "off"'
     if game.prompt == "cot":
         return 'chain-of-thought answers are free text (game.prompt = "cot")'
+    if game.free_text_answer:
+        return "the answers are free text ending in the number (game.predict_others)"
     if not backend_can:
         return f"the {backend_name} back-end cannot: " + _BACKEND_LIMITS.get(
             backend_name, "it exposes no next-token probabilities")
