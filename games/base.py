@@ -57,17 +57,20 @@ class Turn:
 @dataclass(frozen=True)
 class ScriptedSettings:
     """``[agents.scripted]`` as a game reads it: the beauty contest's cognitive hierarchy
-    (mean depth, noise, depth shifts per attribute label); other games have their own
-    calibrated players and ignore it."""
+    (mean depth, noise, depth shifts per attribute label, depth growth per round); other
+    games have their own calibrated players and ignore it."""
 
-    tau: float = 1.5
+    # The defaults are simpipe.games.beauty_contest.level_k's, fitted to Nagel (1995).
+    tau: float = 1.2
     noise: float = 0.25
     depth_shift: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    depth_growth: float = 0.35
 
     @classmethod
     def from_table(cls, raw: Mapping[str, Any]) -> ScriptedSettings:
         """From ``[agents.scripted]`` as run.json stores it (other keys are not a game's)."""
-        return cls(**{k: raw[k] for k in ("tau", "noise", "depth_shift") if k in raw})
+        return cls(**{k: raw[k] for k in ("tau", "noise", "depth_shift", "depth_growth")
+                     if k in raw})
 
 
 @dataclass(frozen=True)

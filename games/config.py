@@ -20,12 +20,14 @@ from pydantic import (
     Discriminator,
     Field,
     FiniteFloat,
+    SerializerFunctionWrapHandler,
     StrictInt,
     Tag,
     TypeAdapter,
     ValidationError,
     WrapValidator,
     field_validator,
+    model_serializer,
     model_validator,
 )
 from pydantic_core import PydanticCustomError
@@ -37,6 +39,8 @@ VALUE_LIMIT = 1e9
 # endowment, so a typo such as 2e9 would build a grammar nobody needs.
 ENDOWMENT_LIMIT = 1_000_000
 DEFAULT_KIND = "beauty_contest"
+# The beauty contest's prompt options added after runs were made (left out of the dump when off).
+PROMPT_OPTIONS = ("rational_players", "predict_others")
 
 
 def parse_ratio(value: object) -> Fraction:
@@ -67,6 +71,12 @@ class GameSettings(BaseModel):
         "`basic`: answer with the number; `cot`: think step by step, then the number after "
         "`Final answer:`"))
 
+    @property
+    def free_text_answer(self) -> bool:
+        """Whether the answer is free text ending in ``Final answer:`` and the number (the
+        answer grammar, the token budget and shared answers follow it), not the bare number."""
+        return self.prompt == "cot"
+
 
 class BeautyContestConfig(GameSettings):
     """The p-beauty contest: target = offset + ratio * mean, clipped to [low, high]; its
@@ -83,6 +93,25 @@ class BeautyContestConfig(GameSettings):
         "the highest allowed guess"))
     disclose_variant: bool = Field(False, description=(
         "tell the agents the game is a variant of \"guess 2/3 of the average\""))
+    rational_players: bool = Field(False, description=(
+        "tell the agents that every player is rational"))
+    predict_others: bool = Field(False, description=(
+        "ask the agents to predict the average of the other players' numbers before giving "
+        "their own; the answer then ends in `Final answer:` and the number, as with `cot`"))
+
+    @property
+    def free_text_answer(self) -> bool:
+        return self.prompt == "cot" or self.predict_others
+
+    @model_serializer(mode="wrap")
+    def _without_unset_options(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # run.json and the results hash are made of the dump: leaving the prompt options out
+        # while they are off keeps the hash of a run made before they existed, so it resumes.
+        data = handler(self)
+        for key in PROMPT_OPTIONS:
+            if not getattr(self, key):
+                data.pop(key, None)
+        return data
 
     @field_validator("ratio", mode="before")
     @classmethod

@@ -40,9 +40,12 @@ class ScriptedSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    tau: FiniteFloat = Field(1.5, ge=0, le=DEPTH_LIMIT, description=(
-        "mean reasoning depth (Poisson); level 0 guesses uniformly in round 1 and stays near "
-        "the last winning number later; level k best-responds to the levels below"))
+    tau: FiniteFloat = Field(1.2, ge=0, le=DEPTH_LIMIT, description=(
+        "mean reasoning depth (Poisson) in round 1, growing by `depth_growth` per round; level 0 "
+        "guesses uniformly in round 1 and repeats the previous mean later; level k "
+        "best-responds to the levels below (fitted to Nagel 1995's 2/3 sessions)"))
+    depth_growth: FiniteFloat = Field(0.35, ge=0, le=DEPTH_LIMIT, description=(
+        "mean depth added per round played (learning); 0: the same depth every round"))
     # The bound: exp(10 * a normal draw) still fits a float64.
     noise: FiniteFloat = Field(0.25, ge=0, le=10, description=(
         "the sd of a log-normal factor on the distance to the equilibrium"))

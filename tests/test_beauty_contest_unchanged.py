@@ -1,6 +1,10 @@
 """The beauty contest behind the game interface gives what it gave before the interface:
-fixed-seed scripted runs compared with summaries (and a digest of every guess) recorded
-with the code of commit b81ae74, the last one before ``simpipe.games.base.Game``."""
+fixed-seed scripted runs compared with summaries (and a digest of every guess) first recorded
+with the code of commit b81ae74, the last one before ``simpipe.games.base.Game``.
+
+Recorded again, on purpose, when the scripted agents were fitted to Nagel (1995) (level 0
+repeats the previous mean, reasoning deepens each round, tau 1.2): the same procedure
+reproduced the b81ae74 files bit for bit on the code before that change."""
 
 from __future__ import annotations
 
@@ -18,11 +22,11 @@ from support import REPO, small_config
 
 DATA = REPO / "tests" / "data"
 CASES = {
-    "classic": ({}, "6020d07cc5e77594ce4ad436995baa8b026a8b742aaaf87a546cbe42a8272a22"),
+    "classic": ({}, "f7bdd28e9a1dd7c9ad866b1ba3031c5b905b33ed6fd0d3fceee53cdfd65d57fa"),
     "groups": ({"game": {"group_size": 7, "ratio": "1/2", "offset": 5, "rounds": 4},
                 "agents": {"backend": "scripted",
                            "scripted": {"depth_shift": {"education": {"Ph.D.": 1.0}}}}},
-               "14e6f04524a4f52733d4519f17b218198a98a4c5121696ed6807f0a08c3652b1"),
+               "99b9b222439e6647e4344c56af12072264de5cf5622c29e53e893da798d50aea"),
 }
 
 

@@ -81,7 +81,7 @@ class BeautyContest(Game):
     # --- answers and prompts ------------------------------------------------------------
 
     def answer(self) -> NumberAnswer:
-        return NumberAnswer(self.config.low, self.config.high, self.config.prompt == "cot")
+        return NumberAnswer(self.config.low, self.config.high, self.config.free_text_answer)
 
     def prompt_texts(self, marker: str) -> PromptTexts:
         return words.prompt_texts(self.config, marker)
@@ -117,8 +117,10 @@ class BeautyContest(Game):
             values = agents[attr].astype(object)
             depth_mean += values.map(shifts).fillna(0.0).to_numpy(dtype=np.float64)
         anchor = turn.past_feedback[:, -1] if turn.round_index > 0 else None
-        params = HierarchyParams(tau=settings.tau, noise=settings.noise)
-        guesses = hierarchy_guesses(self.config, params, depth_mean, anchor, turn.rng(_STREAM))
+        params = HierarchyParams(tau=settings.tau, noise=settings.noise,
+                                 growth=settings.depth_growth)
+        guesses = hierarchy_guesses(self.config, params, depth_mean, anchor, turn.rng(_STREAM),
+                                    turn.round_index)
         # Two decimals, as a person (or the LLM answer grammar) would write them; it also keeps
         # the per-partition value counts that the reduce receives small.
         return np.round(guesses, 2)
@@ -160,10 +162,11 @@ class BeautyContest(Game):
     def describe(self) -> str:
         g = self.config
         return (f"target = {g.offset:g} + {g.ratio} × mean, guesses in [{g.low:g}, {g.high:g}], "
-                f"{g.rounds} rounds, prompt {g.prompt}, equilibrium {self._equilibrium:.2f}")
+                f"{g.rounds} rounds, prompt {words.prompt_label(g)}, "
+                f"equilibrium {self._equilibrium:.2f}")
 
     def variant(self) -> str:
-        return f"ratio {self.config.ratio}, {self.config.prompt}"
+        return f"ratio {self.config.ratio}, {words.prompt_label(self.config)}"
 
     def round_chart(self) -> RoundChart:
         return RoundChart(
@@ -244,6 +247,10 @@ class BeautyContest(Game):
             table.notes.append(f"{label}: the paper's numbers are for ratio {refs.llm_ratio} "
                                f"without offset; this run has ratio {g.ratio}, "
                                f"offset {g.offset:g}")
+            return table
+        if g.rational_players or g.predict_others:
+            table.notes.append(f"{label}: the paper's numbers are for its basic and cot prompts; "
+                               f"this run's prompt is {words.prompt_label(g)}")
             return table
         for ref in refs.llm:
             if ref.prompt != g.prompt:

@@ -11,6 +11,9 @@ from simpipe.games.text import PromptTexts, cot_instruction, fmt_number
 
 CLASSIC_GAME = "guess 2/3 of the average"
 COMPLETION_CUE = "My number:"
+RATIONAL_PLAYERS = "All players in this game are rational."
+# predict_others with a basic prompt: the completion starts with the prediction.
+PREDICTION_CUE = "My prediction of the average of the other players' numbers:"
 
 
 class HistoryItem(NamedTuple):
@@ -19,6 +22,13 @@ class HistoryItem(NamedTuple):
     round: int  # 0-based, like ``round_index``
     own_guess: float | None
     winning_number: float | None
+
+
+def prompt_label(game: BeautyContestConfig) -> str:
+    """``game.prompt`` with the prompt options that are on: ``"cot, rational players"``."""
+    options = [name for name, on in (("rational players", game.rational_players),
+                                     ("predict others", game.predict_others)) if on]
+    return ", ".join([game.prompt, *options])
 
 
 def rule_text(game: BeautyContestConfig) -> str:
@@ -41,6 +51,8 @@ def rules_text(game: BeautyContestConfig) -> str:
     if lowest < game.low or highest > game.high:
         lines.append(f"A target outside {low} to {high} is moved to the nearest end of that range.")
     lines.append("The player whose number is closest to the target wins.")
+    if game.rational_players:
+        lines.append(RATIONAL_PLAYERS)
     if game.disclose_variant:
         lines.append(
             f'This game is a variation of the well-known game "{CLASSIC_GAME}": '
@@ -52,7 +64,14 @@ def rules_text(game: BeautyContestConfig) -> str:
 
 
 def instruction_text(game: BeautyContestConfig, marker: str = ANSWER_MARKER) -> str:
-    """The shared part of the round instruction for ``game.prompt``."""
+    """The shared part of the round instruction for ``game.prompt`` (and ``predict_others``:
+    the prediction first, then the marked number, so the answer stays one number)."""
+    if game.predict_others:
+        prediction = "your prediction of the average of the other players' numbers"
+        if game.prompt == "cot":
+            return (f"Think step by step about what the other players will choose and write "
+                    f'{prediction}, then write "{marker}" followed by your number.')
+        return f'First write {prediction}, then write "{marker}" followed by your number.'
     if game.prompt == "cot":
         return cot_instruction("what the other players will choose", "number", marker)
     return "Reply with your number only."
@@ -74,6 +93,7 @@ def history_line(item: HistoryItem) -> str:
 
 
 def prompt_texts(game: BeautyContestConfig, marker: str = ANSWER_MARKER) -> PromptTexts:
+    cue = PREDICTION_CUE if game.predict_others else COMPLETION_CUE
     return PromptTexts(rules=rules_text(game), instruction=instruction_text(game, marker),
-                       cue=COMPLETION_CUE, rounds=game.rounds, cot=game.prompt == "cot",
+                       cue=cue, rounds=game.rounds, cot=game.prompt == "cot",
                        history_line=history_line)

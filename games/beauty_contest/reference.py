@@ -1,6 +1,6 @@
 """Published numbers for the p-beauty contest: human subjects (Nagel 1995) and the LLM agents
-of the paper this project reproduces (Pan et al. 2024); the data file is
-``beauty_contest_reference.json`` beside this module."""
+of the paper this project reproduces (Pan et al. 2024); the data file is ``reference.json``
+beside this module."""
 
 from __future__ import annotations
 
@@ -22,6 +22,25 @@ class HumanRow:
 
 
 @dataclass(frozen=True)
+class SessionMeans:
+    """One session of Nagel's repeated game: the mean choice in each period."""
+
+    ratio: str
+    session: str
+    means: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class HighShare:
+    """The share of subjects choosing ``value`` (the top of the range) in later periods."""
+
+    ratio: str
+    value: float
+    periods: tuple[int, ...]  # 1-based, as in the paper
+    shares: tuple[float, ...]
+
+
+@dataclass(frozen=True)
 class LlmRow:
     model: str
     prompt: str
@@ -39,6 +58,21 @@ class References:
     llm_ratio: str
     llm: tuple[LlmRow, ...]
     metrics: dict[str, str]
+    sessions: tuple[SessionMeans, ...] = ()
+    high_shares: tuple[HighShare, ...] = ()
+
+    def period_means(self, ratio: str) -> tuple[float, ...] | None:
+        """Mean per period, the unweighted average of the sessions' means; None without
+        sessions for this ratio."""
+        wanted = parse_ratio(ratio)
+        rows = [s.means for s in self.sessions if parse_ratio(s.ratio) == wanted]
+        if not rows:
+            return None
+        return tuple(sum(col) / len(col) for col in zip(*rows, strict=True))
+
+    def high_share(self, ratio: str) -> HighShare | None:
+        wanted = parse_ratio(ratio)
+        return next((h for h in self.high_shares if parse_ratio(h.ratio) == wanted), None)
 
     def human_for(self, ratio: str, offset: float) -> HumanRow | None:
         """Nagel's row for this game, or None: her games had no offset."""
@@ -53,6 +87,7 @@ class References:
 
 def load_references() -> References:
     raw = package_json(DATA_FILE)
+    periods = raw["human"]["by_period"]
     return References(
         human_citation=raw["human"]["citation"],
         human=tuple(HumanRow(r["ratio"], int(r["n"]), float(r["mean"]), float(r["median"]))
@@ -63,4 +98,9 @@ def load_references() -> References:
                          bool(r.get("approximate", False)), r.get("note", ""))
                   for r in raw["llm"]["rows"]),
         metrics=dict(raw["metrics"]),
+        sessions=tuple(SessionMeans(r["ratio"], r["session"], tuple(map(float, r["means"])))
+                       for r in periods["session_means"]),
+        high_shares=tuple(HighShare(r["ratio"], float(r["value"]), tuple(map(int, r["periods"])),
+                                    tuple(map(float, r["shares"])))
+                          for r in periods["share_choosing_high"]),
     )

@@ -122,7 +122,7 @@ def requests_for(prompts: list, seeds: np.ndarray, game: AnyGameConfig,
     constraint."""
     _, constraint = prompting(game, "completion")
     common = {
-        "max_tokens": sampling.cot_max_tokens if game.prompt == "cot" else sampling.max_tokens,
+        "max_tokens": sampling.cot_max_tokens if game.free_text_answer else sampling.max_tokens,
         "temperature": sampling.temperature,
         "top_p": sampling.top_p,
         "top_k": sampling.top_k,

@@ -80,7 +80,8 @@ def scripted_policy(settings: Any) -> AgentPolicy:
     # inference stack).
     from simpipe.agents.scripted import ScriptedAgents
 
-    return ScriptedAgents(settings.tau, settings.noise, settings.latency_s, settings.depth_shift)
+    return ScriptedAgents(settings.tau, settings.noise, settings.latency_s, settings.depth_shift,
+                          settings.depth_growth)
 
 
 def build_policy(agents: AgentsConfig) -> AgentPolicy:

@@ -15,9 +15,10 @@ from simpipe.run.aio import CoalescedClock, gc_paused, run_async
 
 class ScriptedAgents(AgentPolicy):
     def __init__(self, tau: float, noise: float, latency_s: float,
-                 depth_shift: dict[str, dict[str, float]]) -> None:
+                 depth_shift: dict[str, dict[str, float]], depth_growth: float = 0.35) -> None:
         # The beauty contest's cognitive hierarchy reads these; other games ignore them.
-        self.settings = ScriptedSettings(tau=tau, noise=noise, depth_shift=depth_shift)
+        self.settings = ScriptedSettings(tau=tau, noise=noise, depth_shift=depth_shift,
+                                         depth_growth=depth_growth)
         self.latency_s = latency_s
 
     def needs_own_answers(self, game: Game) -> bool:

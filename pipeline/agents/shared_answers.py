@@ -42,6 +42,8 @@ def sharing_refusal(share_answers: str, game: AnyGameConfig, backend_name: str,
         return 'agents.share_answers = "off"'
     if game.prompt == "cot":
         return 'chain-of-thought answers are free text (game.prompt = "cot")'
+    if game.free_text_answer:
+        return "the answers are free text ending in the number (game.predict_others)"
     if not backend_can:
         # Why: each back-end's ``share_limit`` (docs/shared-answers.md, "What each back-end
         # can expose").

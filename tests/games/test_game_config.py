@@ -83,6 +83,16 @@ def test_the_beauty_contest_table_keeps_its_keys() -> None:
         "disclose_variant"}
 
 
+def test_prompt_options_are_stored_only_when_on() -> None:
+    # Off, they are left out (the key set above, hence old runs' hashes); on, they are kept
+    # and read back.
+    game = BeautyContestConfig(rational_players=True, predict_others=True)
+    dumped = game.model_dump(mode="json")
+    assert dumped["rational_players"] is True and dumped["predict_others"] is True
+    assert game_config(dumped) == game
+    assert "predict_others" not in BeautyContestConfig(rational_players=True).model_dump()
+
+
 def test_a_stored_table_reads_back_as_its_game() -> None:
     game = PublicGoodsConfig(mpcr=0.5, rounds=3)
     assert game_config(game.model_dump(mode="json")) == game

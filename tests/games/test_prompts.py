@@ -3,14 +3,29 @@
 from __future__ import annotations
 
 import os
+import re
 
+import numpy as np
+import pandas as pd
 import pytest
 
+from simpipe.agents.llm import requests_for
+from simpipe.agents.shared_answers import sharing_refusal
 from simpipe.games.answer_format import ANSWER_MARKER
-from simpipe.games.beauty_contest.prompts import COMPLETION_CUE, HistoryItem, rule_text, rules_text
+from simpipe.games.beauty_contest.prompts import (
+    COMPLETION_CUE,
+    PREDICTION_CUE,
+    RATIONAL_PLAYERS,
+    HistoryItem,
+    rule_text,
+    rules_text,
+)
+from simpipe.games.beauty_contest.reference import load_references
 from simpipe.games.config import BeautyContestConfig as GameConfig
 from simpipe.games.prompts import PromptBuilder
+from simpipe.games.registry import game_for
 from simpipe.games.text import COT_CUE, fmt_number
+from simpipe.inference.settings import SamplingSettings
 
 PERSONA = "A 34-year-old economist from Lyon."
 HISTORY = [HistoryItem(0, 50.0, 33.33), HistoryItem(1, 30.5, 22.22)]
@@ -147,3 +162,65 @@ def test_bad_style_raises() -> None:
 )
 def test_fmt_number(x: float, text: str) -> None:
     assert fmt_number(x) == text
+
+
+def test_rational_players_sentence_only_when_set() -> None:
+    assert RATIONAL_PLAYERS not in completion().render(None, [], 0)
+    builder = completion(rational_players=True)
+    assert RATIONAL_PLAYERS in builder.rules  # shared by every agent and round
+    chat = PromptBuilder(GameConfig(rational_players=True), "chat").render(PERSONA, [], 0)
+    assert RATIONAL_PLAYERS in chat[0]["content"]
+
+
+@pytest.mark.parametrize("prompt", ["basic", "cot"])
+def test_predict_others_asks_for_the_prediction_then_the_marked_number(prompt: str) -> None:
+    game = GameConfig(prompt=prompt, predict_others=True)
+    text = PromptBuilder(game, "completion").render(PERSONA, HISTORY, 2)
+    ask = "prediction of the average of the other players' numbers"
+    assert ask in text and f'then write "{ANSWER_MARKER}" followed by your number' in text
+    assert text.index(ask) < text.index(ANSWER_MARKER)
+    assert text.endswith(PREDICTION_CUE if prompt == "basic" else COT_CUE)
+    assert "Reply with your number only" not in text
+    assert game.free_text_answer
+
+
+@pytest.mark.parametrize("prompt", ["basic", "cot"])
+def test_predict_others_answer_is_one_number_after_the_marker(prompt: str) -> None:
+    answer = game_for(GameConfig(prompt=prompt, predict_others=True)).answer()
+    assert answer.cot and ANSWER_MARKER in answer.grammar()
+    assert re.fullmatch(answer.regex(), " 40\nFinal answer: 27")
+    assert not re.fullmatch(answer.regex(), " 40")  # the prediction alone is no answer
+    values, statuses = answer.parse_many(["40\nFinal answer: 27", "40\nFinal answer: 140"])
+    assert values[0] == 27 and list(statuses) == ["ok", "out_of_range"]
+
+
+def test_without_options_the_answer_stays_the_bare_number() -> None:
+    game = GameConfig()
+    assert not game.free_text_answer and not game_for(game).answer().cot
+    assert completion().render(None, [], 0).endswith(COMPLETION_CUE)
+
+
+def test_predict_others_gets_the_reasoning_token_budget_and_no_shared_answers() -> None:
+    game = GameConfig(predict_others=True)
+    sampling = SamplingSettings(max_tokens=6, cot_max_tokens=200)
+    (request,) = requests_for(["p"], np.arange(1), game, sampling)
+    assert request.max_tokens == 200
+    (plain,) = requests_for(["p"], np.arange(1), GameConfig(), sampling)
+    assert plain.max_tokens == 6
+    assert "predict_others" in sharing_refusal("auto", game, "llamacpp", True, "completion")
+
+
+def test_prompt_options_are_named_in_the_description() -> None:
+    game = game_for(GameConfig(prompt="cot", rational_players=True, predict_others=True))
+    assert game.variant() == "ratio 2/3, cot, rational players, predict others"
+    assert "prompt cot, rational players, predict others" in game.describe()
+    assert game_for(GameConfig()).variant() == "ratio 2/3, basic"
+
+
+def test_the_paper_s_numbers_are_not_set_beside_a_prompt_option() -> None:
+    rounds = pd.DataFrame({"mean": [36.0], "target": [24.0]})
+    plain = game_for(GameConfig())._paper_table("plain", rounds, load_references())
+    assert plain.records
+    varied = game_for(GameConfig(rational_players=True))
+    table = varied._paper_table("rational", rounds, load_references())
+    assert not table.records and "basic, rational players" in table.notes[0]
