@@ -1,17 +1,15 @@
 """``[cluster]``: where the Dask workers run. Knows nothing of games or personas.
 
-Each ``cluster.kind`` is a plug-in (``CLUSTER_KINDS``): a settings model holding only that
-kind's keys, and the function that connects a client for it. ``ClusterConfig`` is their
-union, discriminated on ``kind``.
+Each ``cluster.kind`` is a plug-in: its settings model, holding only that kind's keys
+(``CLUSTER_KINDS``), and its executor, what starts and stops its workers
+(``simpipe.cluster.executor.EXECUTORS``). ``ClusterConfig`` is the settings' union,
+discriminated on ``kind``.
 """
 
 from __future__ import annotations
 
-import importlib
 import math
 import re
-from collections.abc import Callable
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Literal, Union
 
@@ -411,26 +409,21 @@ class SlurmClusterConfig(_WithDashboard):
 
 @dataclass(frozen=True)
 class ClusterKind:
-    """One ``cluster.kind``: its settings model (whose ``kind`` default is its name) and the
-    function that connects a client for it, ``"module:function"``, imported when first used
-    (distributed and dask-jobqueue are heavy; ``simpipe validate`` needs neither)."""
+    """One ``cluster.kind``: its settings model, whose ``kind`` default is its name. What
+    runs it is its executor (``simpipe.cluster.executor.EXECUTORS``, imported when a run
+    starts: distributed and dask-jobqueue are heavy, ``simpipe validate`` needs neither)."""
 
     settings: type[_Cluster]
-    connect: str  # (settings) -> context manager yielding a connected distributed.Client
 
     @property
     def name(self) -> str:
         return self.settings.model_fields["kind"].default
 
-    def connector(self) -> Callable[[Any], AbstractContextManager[Any]]:
-        module, _, function = self.connect.partition(":")
-        return getattr(importlib.import_module(module), function)
-
 
 CLUSTER_KINDS: dict[str, ClusterKind] = {kind.name: kind for kind in (
-    ClusterKind(LocalClusterConfig, "simpipe.cluster.connect:local_client"),
-    ClusterKind(AddressClusterConfig, "simpipe.cluster.connect:address_client"),
-    ClusterKind(SlurmClusterConfig, "simpipe.cluster.connect:slurm_client"),
+    ClusterKind(LocalClusterConfig),
+    ClusterKind(AddressClusterConfig),
+    ClusterKind(SlurmClusterConfig),
 )}
 DEFAULT_KIND = "local"
 #: The validation error type of a ``kind`` that names no kind (its input is the section).

@@ -1,25 +1,19 @@
-"""One entry point from a ``[cluster]`` section to a connected Dask client."""
+"""The pieces of a Dask client for a ``[cluster]`` section that the executors
+(``simpipe.cluster.executor``) and the persistent cluster's manager share: the client class,
+the SLURMCluster's arguments and dashboard, starting its workers."""
 
 from __future__ import annotations
 
-import logging
 import sys
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from typing import Any
 
-from distributed import Client, LocalCluster
+from distributed import Client
 
 from simpipe.cluster import dashboard_off
-from simpipe.cluster.config import (
-    CLUSTER_KINDS,
-    AddressClusterConfig,
-    ClusterConfig,
-    LocalClusterConfig,
-    SlurmClusterConfig,
-)
-from simpipe.cluster.ctrl_c import PRELOAD as CTRL_C_PRELOAD
-from simpipe.cluster.ctrl_c import import_slurm_cluster, workers_ignore_sigint
+from simpipe.cluster.config import SlurmClusterConfig
+from simpipe.cluster.ctrl_c import import_slurm_cluster
 from simpipe.cluster.slurm import SlurmError, require_controller
 from simpipe.errors import SimpipeError
 
@@ -42,55 +36,6 @@ class SimpipeClient(Client):
 
 class ClusterError(SimpipeError, RuntimeError):
     """The cluster could not be started or reached; the message says how to fix it."""
-
-
-@contextmanager
-def make_client(config: ClusterConfig) -> Iterator[Client]:
-    """A client for the configured cluster, closed (and a cluster it started shut down, its
-    SLURM jobs cancelled) on exit. The kind's own connector does it (``CLUSTER_KINDS``)."""
-    with CLUSTER_KINDS[config.kind].connector()(config) as client:
-        yield client
-
-
-@contextmanager
-def address_client(config: AddressClusterConfig) -> Iterator[Client]:
-    """``kind = "address"``: a client of a scheduler that is already running."""
-    try:
-        client = SimpipeClient(config.address, timeout="20s")
-    except OSError as exc:
-        raise ClusterError(
-            f"cannot reach the Dask scheduler at cluster.address = {config.address!r} "
-            f"({exc}); start it (`dask scheduler`, `simpipe cluster up`) or fix the address"
-        ) from exc
-    with client:
-        yield client
-
-
-@contextmanager
-def slurm_client(config: SlurmClusterConfig) -> Iterator[Client]:
-    """``kind = "slurm"``: a scheduler here and ``cluster.jobs`` SLURM worker jobs."""
-    with slurm_cluster(config) as cluster, Client(cluster) as client:
-        start_workers(cluster, client, config)
-        yield client
-
-
-@contextmanager
-def local_client(config: LocalClusterConfig) -> Iterator[Client]:
-    """``kind = "local"``: a LocalCluster of worker processes on this machine."""
-    with ExitStack() as stack:
-        # The terminal's Ctrl-C reaches the whole process group; only the client acts on it.
-        with workers_ignore_sigint():
-            cluster = stack.enter_context(LocalCluster(
-                n_workers=config.workers,
-                threads_per_worker=config.threads_per_worker,
-                processes=True,
-                memory_limit=config.memory_limit,
-                scheduler_kwargs=dashboard_off.scheduler_options(config.dashboard_address),
-                silence_logs=logging.ERROR,
-                preload=[CTRL_C_PRELOAD],
-            ))
-            client = stack.enter_context(Client(cluster))
-        yield client
 
 
 def slurm_cluster_kwargs(config: SlurmClusterConfig,

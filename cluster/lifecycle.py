@@ -1,4 +1,5 @@
-"""``simpipe cluster up | status | down``: start the manager, read what it built, stop it."""
+"""``simpipe cluster up | status | down`` as library functions returning data (the CLI only
+prints them): start the manager (``simpipe.cluster.manager``), read what it built, stop it."""
 
 from __future__ import annotations
 
@@ -8,11 +9,13 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from simpipe.cluster import servers as srv
 from simpipe.cluster import slurm
-from simpipe.cluster.config import ClusterConfig
+from simpipe.cluster.config import SlurmClusterConfig
+from simpipe.cluster.executor import emulated, require_slurm
 from simpipe.cluster.process_identity import check_manager, signal_manager
 from simpipe.cluster.state import (
     StateError,
@@ -24,13 +27,49 @@ from simpipe.cluster.state import (
     worker_job_name,
     write_section,
 )
+from simpipe.config import Config, run_job_log_dir
 
 
-def up(cfg: ClusterConfig, name: str,
-       on_progress: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
+@dataclass
+class ClusterUp:
+    """What ``up`` started: the scheduler, the worker jobs, the healthy servers."""
+
+    name: str
+    scheduler: str
+    dashboard: str
+    worker_jobs: list[str]
+    servers: list[srv.Server]
+    elapsed_s: float
+    notes: list[str] = field(default_factory=list)  # --emulate's changes, one line each
+
+
+def up(config: Config, name: str, *, emulate: bool = False,
+       on_progress: Callable[[str], None] = lambda _: None) -> ClusterUp:
+    """Start cluster ``name`` from ``config``'s ``[cluster]`` (SLURM workers and servers,
+    held by a manager process that outlives this call) and wait until it is ready.
+    ``emulate``: its servers are emulated GPUs (``--emulate``); ``on_progress`` is told each
+    phase of its start."""
+    require_slurm(config, "simpipe cluster up")
+    notes: list[str] = []
+    if emulate:
+        config = emulated(config, say=notes.append)
+        require_slurm(config, "simpipe cluster up --emulate")  # no SLURM answered
+    cluster = config.cluster
+    if cluster.log_directory == str(run_job_log_dir(config.run.output_dir, config.run.name)):
+        # A persistent cluster outlives any run: its jobs log to the cluster's own folder.
+        cluster = cluster.model_copy(update={"log_directory": None})
+    started = time.perf_counter()
+    state = _start_manager(cluster, name, on_progress)
+    return ClusterUp(name, state["scheduler"], state.get("dashboard", ""),
+                     list(state.get("worker_jobs", [])),
+                     [srv.Server(**{k: v for k, v in s.items() if k != "url"})
+                      for s in state.get("servers", [])],
+                     time.perf_counter() - started, notes)
+
+
+def _start_manager(cfg: SlurmClusterConfig, name: str,
+                   on_progress: Callable[[str], None]) -> dict[str, Any]:
     """Start the manager of cluster ``name`` and wait until it is ready (or failed)."""
-    if cfg.kind != "slurm":
-        raise StateError(f'simpipe cluster up needs cluster.kind = "slurm" (got "{cfg.kind}")')
     slurm.require_controller()
     if state_path(name).exists():
         old = read_state(name)
@@ -80,29 +119,57 @@ def _tail(path: Any, lines: int = 15) -> str:
         return ""
 
 
-def status(name: str) -> dict[str, Any]:
-    """Workers (host, memory, tasks), servers (health, requests), SLURM jobs (state, time left)."""
+@dataclass(frozen=True)
+class WorkerStatus:
+    address: str
+    host: str | None
+    memory_limit: int | None
+    memory: int | None
+    tasks: int
+
+
+@dataclass(frozen=True)
+class ServerStatus:
+    index: int
+    url: str
+    job_id: str
+    health: str  # "ok", or what its health check answered
+    requests: int | None
+
+
+@dataclass
+class ClusterStatus:
+    """A cluster's workers (host, memory, tasks), servers (health, requests) and SLURM
+    jobs (state, time left); ``dataclasses.asdict`` gives its JSON."""
+
+    name: str
+    state: str | None
+    scheduler: str | None
+    manager_alive: bool
+    workers: list[WorkerStatus] = field(default_factory=list)
+    servers: list[ServerStatus] = field(default_factory=list)
+    jobs: list[slurm.JobInfo] = field(default_factory=list)
+
+
+def status(name: str) -> ClusterStatus:
+    """What cluster ``name`` runs now, asked of its scheduler, servers and SLURM."""
     state = read_state(name)
-    report: dict[str, Any] = {"name": name, "state": state.get("state"),
-                              "scheduler": state.get("scheduler"),
-                              "manager_alive": check_manager(state).verdict == "ours",
-                              "workers": [], "servers": [], "jobs": []}
-    if state.get("scheduler") and report["manager_alive"]:
-        report["workers"] = _workers(state["scheduler"])
+    report = ClusterStatus(name, state.get("state"), state.get("scheduler"),
+                           check_manager(state).verdict == "ours")
+    if state.get("scheduler") and report.manager_alive:
+        report.workers = _workers(state["scheduler"])
     cfg = read_section(name).servers
     for s in state.get("servers", []):
         problem = srv.probe(s["url"], cfg) if s.get("url") else "not placed yet"
-        report["servers"].append({"index": s["index"], "url": s.get("url", ""),
-                                  "job_id": s["job_id"],
-                                  "health": "ok" if problem is None else problem,
-                                  "requests": srv.requests_served(s["url"]) if s.get("url")
-                                  else None})
+        report.servers.append(ServerStatus(
+            s["index"], s.get("url", ""), s["job_id"], "ok" if problem is None else problem,
+            srv.requests_served(s["url"]) if s.get("url") else None))
     for job_name in _job_names(name):
-        report["jobs"] += [j.__dict__ for j in slurm.jobs(name=job_name).values()]
+        report.jobs += list(slurm.jobs(name=job_name).values())
     return report
 
 
-def _workers(address: str) -> list[dict[str, Any]]:
+def _workers(address: str) -> list[WorkerStatus]:
     from distributed import Client  # only `cluster status` asks the workers
 
     try:
@@ -111,14 +178,19 @@ def _workers(address: str) -> list[dict[str, Any]]:
             processing = client.processing()
     except (OSError, TimeoutError):
         return []
-    return [{"address": addr, "host": w.get("host"), "memory_limit": w.get("memory_limit"),
-             "memory": w.get("metrics", {}).get("memory"),
-             "tasks": len(processing.get(addr, ()))} for addr, w in sorted(info.items())]
+    return [WorkerStatus(addr, w.get("host"), w.get("memory_limit"),
+                         w.get("metrics", {}).get("memory"), len(processing.get(addr, ())))
+            for addr, w in sorted(info.items())]
 
 
-def down(name: str, timeout: float = 60.0) -> list[str]:
-    """Stop the manager, cancel every job of this cluster, remove its state; the job ids
-    that were still known to SLURM.
+@dataclass(frozen=True)
+class ClusterDown:
+    name: str
+    cancelled: list[str]  # the job ids that were still known to SLURM
+
+
+def down(name: str, timeout: float = 60.0) -> ClusterDown:
+    """Stop the manager, cancel every job of this cluster, remove its state.
 
     The manager is signalled only if it is proven to be the process that cluster's manager
     started as (simpipe.cluster.process_identity); a state file naming any other process
@@ -142,7 +214,7 @@ def down(name: str, timeout: float = 60.0) -> list[str]:
             f"jobs were cancelled by name ({len(cancelled)}); {state_path(name)} is kept: "
             "delete it once you know that process is not the cluster's manager")
     remove_state(name)
-    return cancelled
+    return ClusterDown(name, cancelled)
 
 
 def _job_names(name: str) -> list[str]:

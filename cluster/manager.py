@@ -1,6 +1,7 @@
-"""The long-lived process behind ``simpipe cluster up``: holds the SLURMCluster (its
-scheduler runs here, on the login node, as dask-jobqueue intends), starts the servers,
-keeps the state file current, and on SIGTERM cancels every job it started.
+"""The long-lived process behind ``simpipe cluster up``: a ``SlurmExecutor`` (its
+SLURMCluster's scheduler runs here, on the login node, as dask-jobqueue intends) that starts
+the workers and the servers, keeps the state file current, and on SIGTERM cancels every job
+it started.
 
     python -m simpipe.cluster.manager NAME
 
@@ -16,21 +17,38 @@ import threading
 import time
 from typing import Any
 
-from distributed import Client
-
 from simpipe.cluster import servers as srv
-from simpipe.cluster import slurm
-from simpipe.cluster.connect import slurm_cluster, start_workers
+from simpipe.cluster.config import SlurmClusterConfig
+from simpipe.cluster.executor import SlurmExecutor
 from simpipe.cluster.process_identity import own_identity
 from simpipe.cluster.state import job_log_dir, read_section, update_state, worker_job_name
+from simpipe.config import Config
 from simpipe.errors import SimpipeError
 
 REFRESH_S = 2.0
 
 
-def _worker_jobs(cluster: Any) -> list[str]:
-    return sorted(str(job.job_id) for job in cluster.workers.values()
-                  if getattr(job, "job_id", None))
+class ManagerExecutor(SlurmExecutor):
+    """The persistent cluster's executor: its jobs named after the cluster, and every step
+    of its start written to the cluster's state file (``simpipe cluster up`` waits on it)."""
+
+    fills_endpoints = False  # its servers serve the runs that connect to it
+
+    def __init__(self, name: str, cfg: SlurmClusterConfig) -> None:
+        self.worker_job_name = worker_job_name(name)
+        self.cluster_name = name
+        self.started = time.monotonic()
+        self.workers_s = 0.0
+        super().__init__(Config(cluster=cfg), name=name,
+                         say=lambda text: print(text, flush=True))
+
+    def prepare(self, config: Config) -> Config:
+        return config  # serves any run: the back-end is checked when a run connects
+
+    def progress(self, **state: Any) -> None:
+        if "worker_jobs" in state:
+            self.workers_s = time.monotonic() - self.started
+        update_state(self.cluster_name, **state)
 
 
 def _failed(name: str, exc: Exception) -> int:
@@ -48,7 +66,6 @@ def serve(name: str) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    started = time.monotonic()
     # Its identity (pid, host, start time, command line): `cluster down` signals this process
     # only if all of it still matches.
     update_state(name, state="starting", **own_identity(), worker_job_name=worker_job_name(name),
@@ -56,38 +73,25 @@ def serve(name: str) -> int:
                  endpoint_backend=cfg.servers.endpoint_backend, started_at=time.time())
     if cfg.log_directory is None:
         cfg = cfg.model_copy(update={"log_directory": log_dir})
-    servers: list[srv.Server] = []
     try:
-        with slurm_cluster(cfg, job_name=worker_job_name(name)) as cluster, \
-                Client(cluster) as client:
-            if cfg.servers.plugin.starts_servers:
-                servers = srv.launch(cfg, name, log_dir)
-                update_state(name, servers=[s.as_dict() for s in servers])
-            update_state(name, scheduler=cluster.scheduler_address,
-                         dashboard=cluster.dashboard_link if cfg.dashboard_address else "")
-            start_workers(cluster, client, cfg)
-            workers_s = time.monotonic() - started
-            update_state(name, worker_jobs=_worker_jobs(cluster))
-            if servers:
-                srv.wait_healthy(servers, cfg.servers, log_dir=log_dir)
-            update_state(name, state="ready", servers=[s.as_dict() for s in servers],
-                         worker_jobs=_worker_jobs(cluster),
-                         timings={"workers_ready_s": round(workers_s, 2),
-                                  "all_ready_s": round(time.monotonic() - started, 2)})
-            print(f"cluster {name} ready: {cluster.scheduler_address}", flush=True)
-            jobs_seen = _worker_jobs(cluster)
+        # Leaving the executor cancels the worker jobs (the SLURMCluster) and the servers.
+        with ManagerExecutor(name, cfg) as executor:
+            update_state(name, state="ready",
+                         servers=[s.as_dict() for s in executor.servers],
+                         worker_jobs=executor.worker_jobs(),
+                         timings={"workers_ready_s": round(executor.workers_s, 2),
+                                  "all_ready_s": round(time.monotonic() - executor.started, 2)})
+            print(f"cluster {name} ready: {executor.cluster.scheduler_address}", flush=True)
+            jobs_seen = executor.worker_jobs()
             while not stop.wait(REFRESH_S):
                 # Adaptive mode and worker lifetimes replace jobs; keep the ids current.
-                now = _worker_jobs(cluster)
+                now = executor.worker_jobs()
                 if now != jobs_seen:
                     update_state(name, worker_jobs=now)
                     jobs_seen = now
             update_state(name, state="stopping")
     except (SimpipeError, OSError, TimeoutError) as exc:
         return _failed(name, exc)
-    finally:
-        # The SLURMCluster has cancelled its worker jobs on exit; the servers are ours.
-        slurm.cancel([s.job_id for s in servers])
     return 0
 
 

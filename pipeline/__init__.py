@@ -16,7 +16,8 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-# Resolved on first use so `import simpipe` (and `simpipe validate`) stays light.
+# Resolved on first use so `import simpipe` (and `simpipe validate`) stays light;
+# "module:attribute" where the module's own name for it differs.
 _EXPORTS = {
     "Config": "simpipe.config",
     "ConfigError": "simpipe.config",
@@ -25,6 +26,12 @@ _EXPORTS = {
     "config_from_dict": "simpipe.config",
     "run_simulation": "simpipe.run.simulation",
     "RunResult": "simpipe.run.simulation",
+    "Executor": "simpipe.cluster.executor",
+    "executor_for": "simpipe.cluster.executor",
+    "cluster_up": "simpipe.cluster.lifecycle:up",
+    "cluster_status": "simpipe.cluster.lifecycle:status",
+    "cluster_down": "simpipe.cluster.lifecycle:down",
+    "write_batch_script": "simpipe.cluster.batch",
     "read_summary": "simpipe.store.results",
     "read_rounds": "simpipe.store.results",
     "read_population": "simpipe.store.results",
@@ -35,8 +42,8 @@ __all__ = [*_EXPORTS, "__version__"]
 
 
 def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
+    where = _EXPORTS.get(name)
+    if where is None:
         raise AttributeError(f"module 'simpipe' has no attribute {name!r}")
-
-    return getattr(importlib.import_module(module), name)
+    module, _, attribute = where.partition(":")
+    return getattr(importlib.import_module(module), attribute or name)

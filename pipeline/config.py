@@ -13,7 +13,7 @@ import json
 import re
 import tomllib
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args, get_origin
+from typing import Annotated, Any, Literal, TypeVar, get_args, get_origin
 
 from pydantic import (
     AfterValidator,
@@ -49,6 +49,8 @@ from simpipe.personas.config import PopulationConfig
 # The largest TOML integer. Every use of the seed takes it: numpy's SeedSequence (any
 # integer >= 0) and the per-agent request seeds, computed in uint64 (simpipe.agents.llm).
 SEED_MAX = 2**63 - 1
+
+M = TypeVar("M", bound=BaseModel)
 
 
 class ConfigError(SimpipeError, ValueError):
@@ -228,6 +230,23 @@ class Config(_Section):
     def run_dir(self) -> Path:
         return Path(self.run.output_dir) / self.run.name
 
+    def with_sections(self, source: str = "config", **sections: BaseModel) -> Config:
+        """This config with whole sections replaced (``cluster=AddressClusterConfig(...)``),
+        validated as a config file is; a ConfigError naming ``source`` and the key."""
+        return _validated_copy(self, source, sections)
+
+    def with_endpoints(self, backend: str, urls: list[str], source: str = "servers") -> Config:
+        """This config with ``agents.<backend>.endpoints = urls`` (servers started for a run),
+        validated like the rest; a ConfigError naming ``source`` and the key."""
+        table = getattr(self.agents, backend)
+        try:
+            table = _validated_copy(table, source, {"endpoints": list(urls)})
+        except ConfigError as exc:
+            raise ConfigError(str(exc).replace(f"{source}: ", f"{source}: agents.{backend}.", 1)
+                              ) from None
+        agents = _validated_copy(self.agents, source, {backend: table})
+        return self.with_sections(source, agents=agents)
+
 
 def run_job_log_dir(output_dir: str | Path, name: str) -> Path:
     """Where the SLURM jobs a run starts write their output, unless cluster.log_directory
@@ -289,6 +308,20 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
     for item in overrides:
         apply_override(raw, item)
     return config_from_dict(raw, source=str(path))
+
+
+def _validated_copy(model: M, source: str, update: dict[str, Any]) -> M:
+    """``model.model_copy(update=...)``, validated: model_copy alone checks nothing, so the
+    copy goes through the model's validators again (sections that are already models are
+    taken as they are: they were validated when they were made)."""
+    copy = model.model_copy(update=update)
+    try:
+        return type(model).model_validate(dict(copy))
+    except ValidationError as exc:
+        lines = [f"{'.'.join(str(p) for p in err['loc'])}: "
+                 f"{err['msg'].removeprefix('Value error, ')}"
+                 for err in exc.errors(include_url=False)]
+        raise ConfigError("\n".join(f"{source}: {line}" for line in lines)) from None
 
 
 def config_from_dict(raw: dict, source: str = "config") -> Config:

@@ -14,7 +14,7 @@ import pytest
 
 from simpipe.cluster import slurm
 from simpipe.cluster.config import LocalClusterConfig
-from simpipe.cluster.connect import make_client
+from simpipe.cluster.executor import cluster_client
 
 pytestmark = pytest.mark.slow
 
@@ -106,7 +106,7 @@ def _sigint_handler() -> str:
 
 def test_local_workers_ignore_sigint_also_after_a_restart():
     before = signal.getsignal(signal.SIGINT)
-    with make_client(LocalClusterConfig(workers=2, dashboard_address="")) as client:
+    with cluster_client(LocalClusterConfig(workers=2, dashboard_address="")) as client:
         started = client.run(_sigint_handler)
         assert set(started.values()) == {repr(signal.SIG_IGN)}
         # New worker processes, spawned while the client has its handler (generous timeout:

@@ -1,7 +1,7 @@
-"""The Python API orchestrates a run as ``simpipe run`` does: ``run_simulation`` starts the
-servers of ``[cluster.servers]`` for the run and stops them at its end, and ``emulate=True``
-is ``--emulate``. Here the servers are emulated GPUs as local processes and the workers are
-the test session's cluster, reached by address (SLURM server jobs:
+"""The Python API orchestrates a run as ``simpipe run`` does: ``run_simulation``'s executor
+starts the servers of ``[cluster.servers]`` for the run and stops them at its end, and
+``emulate=True`` is ``--emulate``. Here the servers are emulated GPUs as local processes
+and the workers are the test session's cluster, reached by address (SLURM server jobs:
 tests/cluster/test_run_api.py)."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import psutil
 import pytest
 
 import simpipe
+from simpipe.cluster.config import AddressClusterConfig
 from simpipe.errors import SimpipeError
 from simpipe.run.console import Console
 from simpipe.store.results import read_ledger, read_rounds
@@ -28,14 +29,10 @@ def _emulators() -> list[psutil.Process]:
 
 
 def _config(tmp_path: Path, dask_client, **servers):
-    cluster = {"kind": "address", "address": dask_client.scheduler.address}
-    if servers:
-        cluster["servers"] = servers
     config = small_config(tmp_path, population={"size": 60, "partitions": 2},
                           game={"rounds": 1}, agents={"backend": "tgi"})
-    raw = config.model_dump(mode="json")
-    raw["cluster"] = cluster
-    return simpipe.config_from_dict(raw)
+    return config.with_sections(cluster=AddressClusterConfig(
+        address=dask_client.scheduler.address, servers=servers or {}))
 
 
 def test_run_simulation_starts_the_configured_servers_and_stops_them_at_the_end(
@@ -69,7 +66,8 @@ def test_emulate_true_is_the_dry_run_of_simpipe_run_emulate(tmp_path, dask_clien
 
 def test_own_client_and_started_servers_are_refused_together(tmp_path, dask_client):
     config = small_config(tmp_path)
-    with pytest.raises(SimpipeError, match="client= runs on your own cluster"):
+    with pytest.raises(SimpipeError, match="client= says where the run executes, which "
+                                           "emulate= would replace"):
         simpipe.run_simulation(config, client=dask_client, emulate=True,
                                console=Console(quiet=True))
     assert not config.run_dir.exists()

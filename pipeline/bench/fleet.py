@@ -51,6 +51,7 @@ from simpipe.cluster import servers as srv
 from simpipe.cluster import slurm
 from simpipe.cluster.config import memory_amount
 from simpipe.cluster.endpoints import emulate_node
+from simpipe.cluster.executor import SlurmExecutor
 from simpipe.config import Config, config_from_dict
 from simpipe.errors import SimpipeError
 from simpipe.estimate import STATS_PATH, fetch_stats, fleet_edges, fleet_window
@@ -258,44 +259,39 @@ class CaseResult:
 def run_fleet_case(case: FleetCase, workdir: Path,
                    log: Callable[[str], None] = lambda _: None) -> CaseResult:
     """Start the emulated servers and the workers on SLURM, run, measure, stop everything."""
-    from simpipe.cluster.connect import make_client  # imports dask-jobqueue
-
     port = case.port or free_port_range(case.nodes * case.gpus)
     config = fleet_config(case, workdir, port)
-    cluster = config.cluster
     log(f"fleet: {case.nodes} node(s) x {case.gpus} emulated GPU(s) ({case.profile}, time "
         f"scale {case.time_scale:g}), {case.nodes * case.workers} worker job(s) x "
         f"{case.threads} thread(s), {case.agents:,} agents in {case.n_partitions} partitions, "
         f"max_concurrency {case.concurrency}")
-    with srv.running_servers(cluster, f"bench-fleet-{port}", cluster.log_directory) as servers:
-        urls = [s.url for s in servers]
-        raw = config.model_dump(mode="json")
-        raw["agents"]["tgi"]["endpoints"] = urls
-        config = config_from_dict(raw)
-        kill = KillReport() if case.kill_server_at is not None else None
-        with make_client(config.cluster) as client:
-            if case.nodes > 1:
-                pin_nodes(client, servers, case.workers)
-            started = [0.0]
-            timer: threading.Timer | None = None
+    kill = KillReport() if case.kill_server_at is not None else None
+    # The executor submits the server jobs, starts the worker jobs while they load, and
+    # cancels both when the case ends.
+    with SlurmExecutor(config, say=log, name=f"bench-fleet-{port}") as executor:
+        servers, urls, client = executor.servers, executor.endpoints, executor.client
+        if case.nodes > 1:
+            pin_nodes(client, servers, case.workers)
+        started = [0.0]
+        timer: threading.Timer | None = None
 
-            def first_round() -> None:
-                nonlocal timer
-                started[0] = time.time()
-                if kill is not None:
-                    victim = servers[-1].job_id
-                    kill.job_id = victim
-                    kill.urls = [s.url for s in servers if s.job_id == victim]
-                    timer = threading.Timer(case.kill_server_at, _kill, (victim, kill, started))
-                    timer.start()
+        def first_round() -> None:
+            nonlocal timer
+            started[0] = time.time()
+            if kill is not None:
+                victim = servers[-1].job_id
+                kill.job_id = victim
+                kill.urls = [s.url for s in servers if s.job_id == victim]
+                timer = threading.Timer(case.kill_server_at, _kill, (victim, kill, started))
+                timer.start()
 
-            observer = FleetObserver(client, urls, first_round)
-            try:
-                result = run_simulation(config, client=client, console=Console(quiet=True),
-                                        observer=observer)
-            finally:
-                if timer is not None:
-                    timer.cancel()
+        observer = FleetObserver(client, urls, first_round)
+        try:
+            result = run_simulation(config, executor=executor, console=Console(quiet=True),
+                                    observer=observer)
+        finally:
+            if timer is not None:
+                timer.cancel()
         stats, problems = fetch_stats(urls)
     ledger = read_ledger(result.run_dir)
     if kill is not None and kill.at_s:

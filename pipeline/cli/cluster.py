@@ -1,20 +1,20 @@
 """``simpipe cluster up | status | down``, ``simpipe sbatch`` and its hidden ``batch-task``.
 
-The work is in ``simpipe.cluster`` and ``simpipe.run.orchestration``; their errors are
-SimpipeErrors, which the ``simpipe`` group prints as one-line messages. Each command
+The work is in library functions (``simpipe.cluster.lifecycle``, ``simpipe.cluster.batch``,
+``simpipe.run.batch_task``) that return data; this module parses options and prints. Their
+errors are SimpipeErrors, which the ``simpipe`` group prints as one-line messages. Each command
 imports what it runs inside its own function (``simpipe --help`` stays light).
 """
 
 from __future__ import annotations
 
 import json
-import time
+from dataclasses import asdict
 from pathlib import Path
 
 import click
 
 from simpipe.cli.common import load, set_option
-from simpipe.config import ConfigError, run_job_log_dir
 
 # --- simpipe cluster ------------------------------------------------------------------------
 
@@ -34,25 +34,16 @@ def cluster_up(config_path: str, name: str | None, emulate: bool,
                overrides: tuple[str, ...]) -> None:
     """Start the scheduler, SLURM worker jobs and server jobs of CONFIG's [cluster]."""
     from simpipe.cluster import lifecycle
-    from simpipe.run.orchestration import emulated
 
-    config = load(config_path, overrides)
-    if emulate:
-        config = emulated(config)
     name = name or Path(config_path).stem
-    cluster = config.cluster
-    own_logs = str(run_job_log_dir(config.run.output_dir, config.run.name))
-    if cluster.kind == "slurm" and cluster.log_directory == own_logs:
-        # A persistent cluster outlives any run: its jobs log to the cluster's own folder.
-        cluster = cluster.model_copy(update={"log_directory": None})
-    started = time.perf_counter()
-    state = lifecycle.up(cluster, name,
-                         on_progress=lambda phase: click.echo(f"cluster {name}: {phase}"))
-    jobs = ", ".join(state.get("worker_jobs", [])) or "-"
-    click.echo(f"cluster {name} up in {time.perf_counter() - started:.1f} s: scheduler "
-               f"{state['scheduler']}, worker jobs {jobs}")
-    for s in state.get("servers", []):
-        click.echo(f"  server {s['index']}: {s['url']} (job {s['job_id']})")
+    up = lifecycle.up(load(config_path, overrides), name, emulate=emulate,
+                      on_progress=lambda phase: click.echo(f"cluster {name}: {phase}"))
+    for note in up.notes:
+        click.echo(note)
+    click.echo(f"cluster {name} up in {up.elapsed_s:.1f} s: scheduler {up.scheduler}, "
+               f"worker jobs {', '.join(up.worker_jobs) or '-'}")
+    for s in up.servers:
+        click.echo(f"  server {s.index}: {s.url} (job {s.job_id})")
     click.echo(f"use it: simpipe run CONFIG --cluster {name};  "
                f"stop it: simpipe cluster down {name}")
 
@@ -66,23 +57,23 @@ def cluster_status(name: str, as_json: bool) -> None:
 
     report = lifecycle.status(name)
     if as_json:
-        click.echo(json.dumps(report, indent=2))
+        click.echo(json.dumps(asdict(report), indent=2))
         return
-    click.echo(f"cluster {name}: {report['state']}  scheduler {report['scheduler']}  manager "
-               f"{'alive' if report['manager_alive'] else 'NOT RUNNING'}")
-    click.echo(f"workers ({len(report['workers'])}):")
-    for w in report["workers"]:
-        mem = f"{(w['memory'] or 0) / 2**20:.0f} / {(w['memory_limit'] or 0) / 2**20:.0f} MiB"
-        click.echo(f"  {w['address']}  host {w['host']}  memory {mem}  tasks {w['tasks']}")
-    click.echo(f"servers ({len(report['servers'])}):")
-    for s in report["servers"]:
-        served = "-" if s["requests"] is None else s["requests"]
-        click.echo(f"  {s['index']}: {s['url']}  job {s['job_id']}  health {s['health']}  "
+    click.echo(f"cluster {name}: {report.state}  scheduler {report.scheduler}  manager "
+               f"{'alive' if report.manager_alive else 'NOT RUNNING'}")
+    click.echo(f"workers ({len(report.workers)}):")
+    for w in report.workers:
+        mem = f"{(w.memory or 0) / 2**20:.0f} / {(w.memory_limit or 0) / 2**20:.0f} MiB"
+        click.echo(f"  {w.address}  host {w.host}  memory {mem}  tasks {w.tasks}")
+    click.echo(f"servers ({len(report.servers)}):")
+    for s in report.servers:
+        served = "-" if s.requests is None else s.requests
+        click.echo(f"  {s.index}: {s.url}  job {s.job_id}  health {s.health}  "
                    f"requests {served}")
-    click.echo(f"SLURM jobs ({len(report['jobs'])}):")
-    for j in report["jobs"]:
-        click.echo(f"  {j['job_id']}  {j['name']}  {j['state']}  time left {j['time_left']}  "
-                   f"nodes {j['nodes'] or '-'}")
+    click.echo(f"SLURM jobs ({len(report.jobs)}):")
+    for j in report.jobs:
+        click.echo(f"  {j.job_id}  {j.name}  {j.state}  time left {j.time_left}  "
+                   f"nodes {j.nodes or '-'}")
 
 
 @cluster_group.command("down")
@@ -91,7 +82,7 @@ def cluster_down(name: str) -> None:
     """Cancel every job of cluster NAME, stop its manager, remove its state."""
     from simpipe.cluster import lifecycle
 
-    cancelled = lifecycle.down(name)
+    cancelled = lifecycle.down(name).cancelled
     click.echo(f"cluster {name} down; cancelled {len(cancelled)} job(s)"
                + (f": {', '.join(cancelled)}" if cancelled else ""))
 
@@ -120,32 +111,18 @@ def sbatch_command(config_path: str, nodes: int, gpus_per_node: int, workers_per
                    walltime: str | None, mem: str | None, overcommit: bool, job_log: str | None,
                    output: str | None, overrides: tuple[str, ...]) -> None:
     """Write a batch script that runs CONFIG inside one SLURM allocation."""
-    from simpipe.cluster.batch import BatchOptions, batch_script
+    from simpipe.cluster.batch import BatchOptions, write_batch_script
 
     config = load(config_path, overrides)
-    if config.cluster.kind != "slurm":
-        raise ConfigError(f'simpipe sbatch needs cluster.kind = "slurm" (got '
-                          f'"{config.cluster.kind}")')
-    if job_log is None:
-        # SLURM does not create the folder of --output; the job would fail without it.
-        log_dir = Path(config.cluster.log_directory
-                       or run_job_log_dir(config.run.output_dir, config.run.name)).absolute()
-        log_dir.mkdir(parents=True, exist_ok=True)
-        job_log = str(log_dir / "%x-%j.out")
     opts = BatchOptions(str(Path(config_path).resolve()), overrides, nodes, gpus_per_node,
-                        workers_per_node, f"simpipe-{config.run.name}", job_log, walltime, mem,
+                        workers_per_node, output=job_log, time=walltime, memory=mem,
                         overcommit=overcommit)
-    try:
-        text = batch_script(config.cluster, opts)
-    except ValueError as exc:  # an option out of range; the cluster's own errors are ours
-        raise ConfigError(str(exc)) from None
-    if output == "-":
-        click.echo(text, nl=False)
+    script = write_batch_script(config, opts, output)
+    if script.path is None:
+        click.echo(script.text, nl=False)
         return
-    path = Path(output or f"{config.run.name}.sbatch")
-    path.write_text(text, encoding="utf-8")
-    path.chmod(0o755)
-    click.echo(f"wrote {path}; submit it with: sbatch {path}  (results: {config.run_dir})")
+    click.echo(f"wrote {script.path}; submit it with: sbatch {script.path}  "
+               f"(results: {script.run_dir})")
 
 
 @click.command("batch-task", hidden=True)

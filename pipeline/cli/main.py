@@ -78,7 +78,7 @@ def population() -> None:
 @set_option
 def population_build(config_path: str, overrides: tuple[str, ...]) -> None:
     """Sample the population of CONFIG into <output_dir>/<name>/population/."""
-    from simpipe.cluster.connect import make_client
+    from simpipe.cluster.executor import cluster_client
     from simpipe.run.console import Console
     from simpipe.run.population import ensure_population
     from simpipe.store.layout import RunPaths
@@ -86,7 +86,7 @@ def population_build(config_path: str, overrides: tuple[str, ...]) -> None:
     config = load(config_path, overrides)
     console = Console()
     start = time.perf_counter()
-    with make_client(config.cluster) as client:
+    with cluster_client(config.cluster, say=console.line) as client:
         bar = console.progress(config.population.n_partitions, "population")
         out = ensure_population(client, config, RunPaths(config.run_dir),
                                 on_progress=lambda done, n: bar.update(1))

@@ -20,8 +20,6 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,7 +34,7 @@ from simpipe.agents.registry import (
     prompt_style,
 )
 from simpipe.agents.shared_answers import sharing_refusal
-from simpipe.cluster.connect import make_client
+from simpipe.cluster.executor import Executor, OwnClientExecutor, executor_for
 from simpipe.config import Config
 from simpipe.errors import EXIT_CANCELLED, SimpipeError
 from simpipe.estimate import report_estimate
@@ -45,7 +43,6 @@ from simpipe.games.groups import assign_groups
 from simpipe.games.registry import game_for
 from simpipe.personas.sampling import partition_bounds
 from simpipe.run.console import Console
-from simpipe.run.orchestration import run_config
 from simpipe.run.population import ensure_population
 from simpipe.run.quiet_teardown import QuietTeardown
 from simpipe.run.round_task import ROW_COLUMNS, PartitionJob, PartitionOutcome, play_partition
@@ -89,42 +86,48 @@ class RunResult:
         return read_rounds(self.run_dir)
 
 
-@contextmanager
-def _client_for(config: Config, client: Client | None) -> Iterator[Client]:
-    with nullcontext(client) if client is not None else make_client(config.cluster) as c:
-        if config.agents.plugin.is_llm:
-            close_engines_on_shutdown(c)
-        yield c
-
-
-def run_simulation(config: Config, *, resume: bool = False, force: bool = False,
-                   client: Client | None = None, console: Console | None = None,
-                   observer: RoundObserver | None = None, emulate: bool = False,
-                   cluster_name: str | None = None) -> RunResult:
+def run_simulation(config: Config, *, executor: Executor | None = None, resume: bool = False,
+                   force: bool = False, client: Client | None = None,
+                   console: Console | None = None, observer: RoundObserver | None = None,
+                   emulate: bool = False, cluster_name: str | None = None) -> RunResult:
     """Run (or resume) the configured simulation and return its summary, as ``simpipe run``
-    does (``simpipe.run.orchestration``): ``[cluster.servers]`` are started for this run and
-    stopped at its end; ``emulate`` is ``--emulate`` (a dry run with emulated GPU servers,
-    results in ``<run.name>-emulated``), ``cluster_name`` is ``--cluster NAME`` (a cluster
-    from ``simpipe cluster up``, its servers too). ``observer`` is told when each round
-    starts and ends.
+    does. Where it runs is an ``executor`` (``simpipe.cluster.executor``): by default the
+    one ``simpipe run`` builds from the config (``executor_for``), entered for this run:
+    the cluster and ``[cluster.servers]`` start for it and stop at its end. ``emulate`` is
+    ``--emulate`` (a dry run with emulated GPU servers, results in ``<run.name>-emulated``),
+    ``cluster_name`` is ``--cluster NAME`` (a cluster from ``simpipe cluster up``, its
+    servers too). ``observer`` is told when each round starts and ends.
 
-    With ``client``, the caller owns the cluster, workers and servers alike: nothing is
-    started and the config's endpoints are used as they are.
+    An ``executor`` the caller has entered stays up after the run: several runs share its
+    workers and servers (``with executor_for(config) as ex: run_simulation(a, executor=ex);
+    run_simulation(b, executor=ex)``). With ``client``, the caller owns the cluster,
+    workers and servers alike: nothing is started and the config's endpoints are used as
+    they are.
     """
     console = console or Console()
     observer = observer or RoundObserver()
-    if client is not None and (emulate or cluster_name):
-        raise SimpipeError("run_simulation: client= runs on your own cluster, which emulate= "
-                           "and cluster_name= would replace; pass one or the other")
-    if client is not None:
-        return _run(config, resume, force, client, console, observer)
-    with run_config(config, emulate=emulate, cluster_name=cluster_name,
-                    console=console) as ready:
-        return _run(ready, resume, force, None, console, observer)
+    chosen = [what for what, given in (("executor=", executor is not None),
+                                       ("client=", client is not None),
+                                       ("emulate=", emulate),
+                                       ("cluster_name=", bool(cluster_name))) if given]
+    if len(chosen) > 1 and chosen[0] in ("executor=", "client="):
+        raise SimpipeError(f"run_simulation: {chosen[0]} says where the run executes, which "
+                           f"{' and '.join(chosen[1:])} would replace; pass one or the other")
+    if executor is None:
+        executor = (OwnClientExecutor(config, client, say=console.line) if client is not None
+                    else executor_for(config, emulate=emulate, cluster_name=cluster_name,
+                                      say=console.line))
+    if executor.entered:
+        return _run(executor, config, resume, force, console, observer)
+    # After a Ctrl-C the executor's teardown stays off the terminal (QuietTeardown).
+    with QuietTeardown() as quiet, executor, quiet.after_interrupt():
+        return _run(executor, config, resume, force, console, observer)
 
 
-def _run(config: Config, resume: bool, force: bool, client: Client | None,
-         console: Console, observer: RoundObserver) -> RunResult:
+def _run(executor: Executor, config: Config, resume: bool, force: bool, console: Console,
+         observer: RoundObserver) -> RunResult:
+    config = executor.run_config(config)
+    dask_client = executor.client
     paths = RunPaths(config.run_dir)
     if not force:
         _check_ledger(paths)
@@ -134,16 +137,16 @@ def _run(config: Config, resume: bool, force: bool, client: Client | None,
     try:
         remove_stale_temps(paths.root)
         paths.cancel_flag.unlink(missing_ok=True)
-        with (QuietTeardown() as quiet, _client_for(config, client) as dask_client,
-              quiet.after_interrupt()):
-            if dask_client.dashboard_link:
-                console.line(f"Dask dashboard: {dask_client.dashboard_link}")
-            console.line(f"Watch it in the browser: simpipe ui --results {config.run.output_dir}")
-            # pid and host let a watcher (simpipe ui) tell a live run from a dead one.
-            ledger.set_state("running", scheduler=dask_client.scheduler.address,
-                             pid=os.getpid(), host=socket.gethostname())
-            result = _run_rounds(dask_client, config, paths, ledger, console, observer)
-            report_estimate(config, ledger, console)  # emulated servers only: the real run
+        if config.agents.plugin.is_llm:
+            close_engines_on_shutdown(dask_client)
+        if dask_client.dashboard_link:
+            console.line(f"Dask dashboard: {dask_client.dashboard_link}")
+        console.line(f"Watch it in the browser: simpipe ui --results {config.run.output_dir}")
+        # pid and host let a watcher (simpipe ui) tell a live run from a dead one.
+        ledger.set_state("running", scheduler=dask_client.scheduler.address,
+                         pid=os.getpid(), host=socket.gethostname())
+        result = _run_rounds(dask_client, config, paths, ledger, console, observer)
+        report_estimate(config, ledger, console)  # emulated servers only: the real run
     except RunCancelled:
         ledger.set_state("interrupted")
         console.line(f"cancelled; resume with: simpipe run CONFIG --resume  ({paths.root})")

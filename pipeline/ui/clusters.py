@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -117,7 +118,7 @@ def cluster_status(name: str) -> dict[str, Any]:
                     "problem": _problem(path, exc), "dashboard": None, "dashboard_url": None,
                     "error": None, "worker_jobs": []}
         try:
-            report = lifecycle.status(name)
+            report = asdict(lifecycle.status(name))
         except (StateError, slurm.SlurmError, OSError) as exc:
             report = {"name": name, "state": state.get("state"), "workers": [], "servers": [],
                       "jobs": [], "problem": str(exc)}
@@ -139,7 +140,7 @@ def cluster_down(name: str) -> dict[str, Any]:
             raise ClusterBroken(f"{_problem(path, exc)}; nothing was stopped or cancelled: "
                                 f"fix or remove {path} by hand") from None
         try:
-            cancelled = lifecycle.down(name)
+            cancelled = lifecycle.down(name).cancelled
         except StateError as exc:  # e.g. a manager pid that is not provably this cluster's
             raise ClusterBroken(str(exc)) from None
         _status_cache.pop(name, None)

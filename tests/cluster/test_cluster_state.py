@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from simpipe.cluster.config import SlurmClusterConfig
+from simpipe.cluster.executor import ClusterExecutor
 from simpipe.cluster.state import (
     StateError,
     read_section,
@@ -22,7 +23,6 @@ from simpipe.cluster.state import (
     write_section,
     write_state,
 )
-from simpipe.run.orchestration import on_cluster
 
 from support import small_config
 
@@ -91,10 +91,10 @@ def test_a_run_on_a_cluster_whose_section_is_damaged_stops_naming_the_file(
     write_state("c", READY)
     config = small_config(tmp_path)
     with pytest.raises(StateError, match="serves emulated GPUs: add --emulate"):
-        on_cluster(config, "c")
+        ClusterExecutor(config, "c")
     section_path("c").write_text("{")
     with pytest.raises(StateError, match=f"^{section_path('c')}: not the"):
-        on_cluster(config, "c")
+        ClusterExecutor(config, "c")
 
 
 def test_the_manager_marks_its_cluster_failed_when_the_section_is_damaged(

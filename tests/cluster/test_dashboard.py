@@ -15,7 +15,8 @@ from simpipe.cluster.config import (
     LocalClusterConfig,
     SlurmClusterConfig,
 )
-from simpipe.cluster.connect import make_client, slurm_cluster
+from simpipe.cluster.connect import slurm_cluster
+from simpipe.cluster.executor import cluster_client
 
 
 def listening() -> set[tuple[str, int]]:
@@ -43,7 +44,7 @@ def _port_8787_may_be_taken():
 
 def test_default_dashboard_listens_on_loopback_only():
     before = listening()
-    with make_client(LocalClusterConfig(workers=1)) as client:
+    with cluster_client(LocalClusterConfig(workers=1)) as client:
         opened = listening() - before
         expected = comm_ports(client)
         link = client.dashboard_link
@@ -55,7 +56,7 @@ def test_default_dashboard_listens_on_loopback_only():
 
 def test_empty_dashboard_address_opens_no_http_server():
     before = listening()
-    with make_client(LocalClusterConfig(workers=2, dashboard_address="")) as client:
+    with cluster_client(LocalClusterConfig(workers=2, dashboard_address="")) as client:
         opened = listening() - before
         expected = comm_ports(client)
         assert client.dashboard_link in ("", None)
@@ -83,8 +84,8 @@ def test_slurm_scheduler_dashboard_follows_the_config(address, slurm_controller)
 
 def test_a_client_of_a_scheduler_without_dashboard_has_an_empty_link():
     # `run --cluster NAME` connects by address to a scheduler that may have no dashboard.
-    with make_client(LocalClusterConfig(workers=1, dashboard_address="")) as first:
+    with cluster_client(LocalClusterConfig(workers=1, dashboard_address="")) as first:
         address = first.scheduler.address
-        with make_client(AddressClusterConfig(address=address)) as client:
+        with cluster_client(AddressClusterConfig(address=address)) as client:
             assert client.dashboard_link == ""
             assert client.submit(sum, [2, 3]).result() == 5
