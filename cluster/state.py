@@ -21,8 +21,9 @@ from pydantic import ValidationError
 from simpipe.cluster.config import SlurmClusterConfig
 from simpipe.cluster.process_identity import is_process_id
 from simpipe.errors import SimpipeError
-from simpipe.store.files import write_json_atomic
-from simpipe.store.integrity import (
+from simpipe.files import write_json_atomic
+from simpipe.home import simpipe_home
+from simpipe.records import (
     CorruptFile,
     ProcessId,
     StrictRecord,
@@ -35,12 +36,6 @@ MAX_STATE_BYTES = 2**20  # a state file lists jobs and servers: kilobytes
 
 class StateError(SimpipeError, RuntimeError):
     """No such cluster, or its state file is unreadable; the message says what to do."""
-
-
-def simpipe_home() -> Path:
-    """``$SIMPIPE_HOME`` (``~`` expanded), or ``~/.simpipe`` when unset or empty: the
-    clusters here, and the embedded model (``simpipe.inference.llamacpp``)."""
-    return Path(os.environ.get("SIMPIPE_HOME") or "~/.simpipe").expanduser()
 
 
 def clusters_dir() -> Path:

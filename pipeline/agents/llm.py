@@ -29,6 +29,7 @@ from simpipe.agents.shared_answers import (
     sharing_refusal,
     split_evenly,
 )
+from simpipe.aio import run_async
 from simpipe.games.base import Game
 from simpipe.games.config import AnyGameConfig
 from simpipe.games.prompts import PromptBuilder
@@ -36,7 +37,6 @@ from simpipe.games.registry import game_for
 from simpipe.inference.base import AnswerColumns, Backend, GenerationRequest, OutputConstraint
 from simpipe.inference.llamacpp_sampler import ChainSettings
 from simpipe.inference.settings import SamplingSettings
-from simpipe.run.aio import run_async
 
 if TYPE_CHECKING:
     from simpipe.config import AgentsConfig

@@ -21,10 +21,10 @@ from distributed import Client, WorkerPlugin
 from distributed.core import Status
 
 from simpipe.agents.base import AgentPolicy
+from simpipe.aio import process_loop, run_async
 from simpipe.backends import BACKENDS
 from simpipe.config import AgentsConfig
 from simpipe.inference.base import Backend, GenerationRequest
-from simpipe.run.aio import process_loop, run_async
 
 EngineFactory = Callable[[AgentsConfig], Backend]
 

@@ -8,9 +8,9 @@ import numpy as np
 import pandas as pd
 
 from simpipe.agents.base import AgentPolicy, Decisions, Turn, decisions_frame
+from simpipe.aio import CoalescedClock, gc_paused, run_async
 from simpipe.games.base import Game, ScriptedSettings
 from simpipe.games.registry import game_for
-from simpipe.run.aio import CoalescedClock, gc_paused, run_async
 
 
 class ScriptedAgents(AgentPolicy):

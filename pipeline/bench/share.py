@@ -19,10 +19,10 @@ import numpy as np
 
 from simpipe.agents.base import Turn
 from simpipe.agents.llm import build_requests
+from simpipe.aio import run_async
 from simpipe.config import Config, config_from_dict
 from simpipe.inference.llamacpp import LlamaCppBackend
 from simpipe.memory import tree_rss_bytes
-from simpipe.run.aio import run_async
 from simpipe.run.console import Console
 from simpipe.run.simulation import run_simulation
 from simpipe.store.results import read_ledger, read_population

@@ -5,7 +5,7 @@ servers it uses, up for as long as the run lasts.
 same thing:
 
 - ``emulate`` (``--emulate``): a dry run, the configured servers replaced by emulated GPU
-  servers (``simpipe.cluster.emulate``), results in ``<run.name>-emulated``;
+  servers (``simpipe.run.emulate``), results in ``<run.name>-emulated``;
 - ``cluster_name`` (``--cluster NAME``): a persistent cluster from ``simpipe cluster up``,
   its scheduler and its healthy servers; this run starts nothing;
 - otherwise ``[cluster.servers]`` are started for this run only: SLURM jobs on a ``slurm``
@@ -21,11 +21,11 @@ from contextlib import ExitStack, contextmanager
 
 from simpipe.cluster import servers as srv
 from simpipe.cluster import slurm
-from simpipe.cluster.emulate import Site, emulate_config, local_emulators, probe_site
 from simpipe.cluster.servers import ServerError
 from simpipe.cluster.state import StateError, read_section, read_state, run_target
 from simpipe.config import Config, ConfigError, config_from_dict
 from simpipe.run.console import Console
+from simpipe.run.emulate import Site, emulate_config, local_emulators, probe_site
 
 
 @contextmanager
@@ -43,7 +43,7 @@ def run_config(config: Config, *, emulate: bool = False, cluster_name: str | Non
 
 
 def emulated(config: Config, *, place: bool = True, console: Console | None = None) -> Config:
-    """``--emulate``'s dry-run config (``simpipe.cluster.emulate.emulate_config``), its notes
+    """``--emulate``'s dry-run config (``simpipe.run.emulate.emulate_config``), its notes
     said one line each. ``place``: also decide where workers and emulators run (asks SLURM);
     not for a persistent cluster, which already runs."""
     config, notes = emulate_config(config, probe_site() if place else Site(None), place)

@@ -40,6 +40,7 @@ from simpipe.cluster.connect import make_client
 from simpipe.config import Config
 from simpipe.errors import EXIT_CANCELLED, SimpipeError
 from simpipe.estimate import report_estimate
+from simpipe.files import move_aside, remove_stale_temps, write_parquet_atomic
 from simpipe.games.base import Game
 from simpipe.games.groups import assign_groups
 from simpipe.games.registry import game_for
@@ -49,7 +50,6 @@ from simpipe.run.orchestration import run_config
 from simpipe.run.population import ensure_population
 from simpipe.run.quiet_teardown import QuietTeardown
 from simpipe.run.round_task import ROW_COLUMNS, PartitionJob, PartitionOutcome, play_partition
-from simpipe.store.files import move_aside, remove_stale_temps, write_parquet_atomic
 from simpipe.store.integrity import CorruptFile, read_ledger, read_summary, round_problems
 from simpipe.store.layout import RunPaths
 from simpipe.store.ledger import Ledger, RunDirError, open_run_dir

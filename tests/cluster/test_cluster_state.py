@@ -17,11 +17,11 @@ from simpipe.cluster.state import (
     read_section,
     read_state,
     section_path,
-    simpipe_home,
     state_path,
     write_section,
     write_state,
 )
+from simpipe.home import simpipe_home
 from simpipe.run.orchestration import on_cluster
 
 from support import small_config

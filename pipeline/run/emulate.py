@@ -27,9 +27,9 @@ from typing import Any
 
 from simpipe.cluster import slurm
 from simpipe.cluster.config import ServersConfig, memory_mib
-from simpipe.cluster.endpoints import is_local
 from simpipe.config import Config, config_from_dict
 from simpipe.errors import SimpipeError
+from simpipe.inference.endpoints import is_local
 
 #: extra_args flags of the real servers that set an emulator parameter.
 SERVER_FLAGS = {
