@@ -29,8 +29,7 @@ from simpipe.cluster.state import (
 def up(cfg: ClusterConfig, name: str,
        on_progress: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
     """Start the manager of cluster ``name`` and wait until it is ready (or failed)."""
-    if cfg.kind != "slurm":
-        raise StateError(f'simpipe cluster up needs cluster.kind = "slurm" (got "{cfg.kind}")')
+    slurm.require_slurm(cfg, "simpipe cluster up")
     slurm.require_controller()
     if state_path(name).exists():
         old = read_state(name)

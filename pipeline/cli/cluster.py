@@ -121,11 +121,10 @@ def sbatch_command(config_path: str, nodes: int, gpus_per_node: int, workers_per
                    output: str | None, overrides: tuple[str, ...]) -> None:
     """Write a batch script that runs CONFIG inside one SLURM allocation."""
     from simpipe.cluster.batch import BatchOptions, batch_script
+    from simpipe.cluster.slurm import require_slurm
 
     config = load(config_path, overrides)
-    if config.cluster.kind != "slurm":
-        raise ConfigError(f'simpipe sbatch needs cluster.kind = "slurm" (got '
-                          f'"{config.cluster.kind}")')
+    require_slurm(config.cluster, "simpipe sbatch")
     if job_log is None:
         # SLURM does not create the folder of --output; the job would fail without it.
         log_dir = Path(config.cluster.log_directory

@@ -14,7 +14,8 @@ from pathlib import Path
 from simpipe.cluster.batch import batch_endpoints
 from simpipe.cluster.connect import SimpipeClient, dashboard_scheduler_options
 from simpipe.cluster.servers import wait_urls_healthy
-from simpipe.config import Config, ConfigError
+from simpipe.cluster.slurm import require_slurm
+from simpipe.config import Config
 from simpipe.run.console import Console
 from simpipe.run.orchestration import url_summary, with_endpoints
 from simpipe.run.simulation import RunResult, run_simulation
@@ -27,8 +28,7 @@ def run_batch_task(config: Config, console: Console | None = None) -> RunResult 
 
     console = console or Console()
     cluster = config.cluster
-    if cluster.kind != "slurm":
-        raise ConfigError(f'simpipe sbatch needs cluster.kind = "slurm" (got "{cluster.kind}")')
+    require_slurm(cluster, "simpipe sbatch")
     scheduler_file = (Path(config.run.output_dir).resolve() / ".simpipe-batch"
                       / "scheduler-{job_id}.json")
     scheduler_file.parent.mkdir(parents=True, exist_ok=True)
