@@ -28,10 +28,11 @@ import abc
 import math
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
 import numpy as np
 import pandas as pd
+from pydantic import BaseModel, ConfigDict, Field, FiniteFloat
 
 from simpipe.games.answers import NumberAnswer
 from simpipe.games.config import AnyGameConfig
@@ -61,20 +62,35 @@ class Turn:
         return np.random.default_rng([self.seed, stream, self.round_index, self.partition])
 
 
-@dataclass(frozen=True)
-class ScriptedSettings:
-    """``[agents.scripted]`` as a game reads it: the beauty contest's cognitive hierarchy
-    (mean depth, noise, depth shifts per attribute label); other games have their own
-    calibrated players and ignore it."""
+# The cognitive hierarchy stops at level 20 (simpipe.games.beauty_contest.level_k.MAX_LEVEL);
+# its Poisson shares exp(-tau) * tau**k / k! underflow to 0 for tau above ~700.
+DEPTH_LIMIT = 100.0
 
-    tau: float = 1.5
-    noise: float = 0.25
-    depth_shift: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+
+# The back-end's table (simpipe.backends.ScriptedBackendSettings) is this model with the
+# back-end's own keys added: the game's keys are defined once, here.
+class ScriptedSettings(BaseModel):
+    """`tau`, `noise` and `depth_shift` are the keys the game reads: the beauty contest's
+    cognitive hierarchy; other games have their own calibrated players and ignore them."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    tau: FiniteFloat = Field(1.5, ge=0, le=DEPTH_LIMIT, description=(
+        "mean reasoning depth (Poisson); level 0 guesses uniformly in round 1 and stays near "
+        "the last winning number later; level k best-responds to the levels below"))
+    # The bound: exp(10 * a normal draw) still fits a float64.
+    noise: FiniteFloat = Field(0.25, ge=0, le=10, description=(
+        "the sd of a log-normal factor on the distance to the equilibrium"))
+    depth_shift: dict[str, dict[str, Annotated[FiniteFloat, Field(ge=-DEPTH_LIMIT,
+                                                                  le=DEPTH_LIMIT)]]] = Field(
+        default_factory=dict, description=(
+            "`attribute = { label = shift }`: added to the mean reasoning depth of an agent "
+            "with that label, e.g. `education = { \"Ph.D.\" = 1.0 }`"))
 
     @classmethod
     def from_table(cls, raw: Mapping[str, Any]) -> ScriptedSettings:
         """From ``[agents.scripted]`` as run.json stores it (other keys are not a game's)."""
-        return cls(**{k: raw[k] for k in ("tau", "noise", "depth_shift") if k in raw})
+        return ScriptedSettings(**{k: raw[k] for k in ScriptedSettings.model_fields if k in raw})
 
 
 @dataclass(frozen=True)

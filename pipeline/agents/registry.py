@@ -80,7 +80,7 @@ def scripted_policy(settings: Any) -> AgentPolicy:
     # inference stack).
     from simpipe.agents.scripted import ScriptedAgents
 
-    return ScriptedAgents(settings.tau, settings.noise, settings.latency_s, settings.depth_shift)
+    return ScriptedAgents(settings, settings.latency_s)
 
 
 def build_policy(agents: AgentsConfig) -> AgentPolicy:

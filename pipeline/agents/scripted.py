@@ -14,10 +14,9 @@ from simpipe.games.registry import game_for
 
 
 class ScriptedAgents(AgentPolicy):
-    def __init__(self, tau: float, noise: float, latency_s: float,
-                 depth_shift: dict[str, dict[str, float]]) -> None:
+    def __init__(self, settings: ScriptedSettings, latency_s: float) -> None:
         # The beauty contest's cognitive hierarchy reads these; other games ignore them.
-        self.settings = ScriptedSettings(tau=tau, noise=noise, depth_shift=depth_shift)
+        self.settings = settings
         self.latency_s = latency_s
 
     def needs_own_answers(self, game: Game) -> bool:
