@@ -14,16 +14,12 @@ import math
 import os
 import shlex
 import sys
-from dataclasses import dataclass, replace
-from pathlib import Path
-from typing import Any
+from dataclasses import dataclass
 
 from simpipe.cluster import slurm
 from simpipe.cluster.config import SlurmClusterConfig, memory_mib
-from simpipe.cluster.executor import require_slurm
 from simpipe.cluster.servers import server_command
 from simpipe.cluster.slurm import placement_directives
-from simpipe.config import Config, ConfigError, run_job_log_dir
 
 
 @dataclass(frozen=True)
@@ -115,43 +111,6 @@ def batch_script(cluster: SlurmClusterConfig, opts: BatchOptions) -> str:
         + " ".join(shlex.quote(a) for a in run),
     ]
     return "\n".join(lines) + "\n"
-
-
-@dataclass(frozen=True)
-class BatchScript:
-    """A written batch script: its text, its file (None: not written), the run's folder."""
-
-    text: str
-    path: Path | None
-    run_dir: Path
-
-
-def write_batch_script(config: Config, opts: BatchOptions,
-                       output: str | Path | None = None) -> BatchScript:
-    """``simpipe sbatch``: the batch script that runs ``config`` (``opts.config_path`` with
-    ``opts.overrides``) in one allocation, written to ``output`` (default
-    ``<run name>.sbatch``, executable; ``"-"``: not written). The job's output goes to
-    ``opts.output``, by default ``<run>/logs/slurm/%x-%j.out`` or into
-    ``cluster.log_directory``, a folder made here (SLURM does not make it, and the job
-    would fail without it)."""
-    require_slurm(config, "simpipe sbatch")
-    cluster: Any = config.cluster  # a SlurmClusterConfig: require_slurm checked it
-    if opts.output is None:
-        log_dir = Path(cluster.log_directory
-                       or run_job_log_dir(config.run.output_dir, config.run.name)).absolute()
-        log_dir.mkdir(parents=True, exist_ok=True)
-        opts = replace(opts, output=str(log_dir / "%x-%j.out"))
-    opts = replace(opts, job_name=opts.job_name or f"simpipe-{config.run.name}")
-    try:
-        text = batch_script(cluster, opts)
-    except ValueError as exc:  # an option out of range; the cluster's own errors are ours
-        raise ConfigError(str(exc)) from None
-    if str(output) == "-":
-        return BatchScript(text, None, config.run_dir)
-    path = Path(output or f"{config.run.name}.sbatch")
-    path.write_text(text, encoding="utf-8")
-    path.chmod(0o755)
-    return BatchScript(text, path, config.run_dir)
 
 
 def batch_endpoints(cluster: SlurmClusterConfig) -> list[str]:

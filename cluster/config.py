@@ -2,7 +2,7 @@
 
 Each ``cluster.kind`` is a plug-in: its settings model, holding only that kind's keys
 (``CLUSTER_KINDS``), and its executor, what starts and stops its workers
-(``simpipe.cluster.executor.EXECUTORS``). ``ClusterConfig`` is the settings' union,
+(``simpipe.run.executor.EXECUTORS``). ``ClusterConfig`` is the settings' union,
 discriminated on ``kind``.
 """
 
@@ -410,7 +410,7 @@ class SlurmClusterConfig(_WithDashboard):
 @dataclass(frozen=True)
 class ClusterKind:
     """One ``cluster.kind``: its settings model, whose ``kind`` default is its name. What
-    runs it is its executor (``simpipe.cluster.executor.EXECUTORS``, imported when a run
+    runs it is its executor (``simpipe.run.executor.EXECUTORS``, imported when a run
     starts: distributed and dask-jobqueue are heavy, ``simpipe validate`` needs neither)."""
 
     settings: type[_Cluster]

@@ -1,5 +1,5 @@
 """The pieces of a Dask client for a ``[cluster]`` section that the executors
-(``simpipe.cluster.executor``) and the persistent cluster's manager share: the client class,
+(``simpipe.run.executor``) and the persistent cluster's manager share: the client class,
 the SLURMCluster's arguments and dashboard, starting its workers."""
 
 from __future__ import annotations

@@ -10,11 +10,23 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 
+from simpipe.cluster.config import ClusterConfig
 from simpipe.errors import SimpipeError
 
 
 class SlurmError(SimpipeError, RuntimeError):
     """A SLURM command failed; the message names the command and SLURM's own words."""
+
+
+class NotSlurm(SimpipeError, ValueError):
+    """A command that only runs on SLURM got another ``cluster.kind``."""
+
+
+def require_slurm(cluster: ClusterConfig, command: str) -> None:
+    """Raise NotSlurm naming ``command`` (e.g. "simpipe sbatch") and the kind it got unless
+    ``[cluster]`` is a SLURM cluster: the one check of every SLURM-only command."""
+    if cluster.kind != "slurm":
+        raise NotSlurm(f'{command} needs cluster.kind = "slurm" (got "{cluster.kind}")')
 
 
 def _run(args: list[str], *, input_text: str | None = None, timeout: float = 30.0) -> str:

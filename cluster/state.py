@@ -18,12 +18,12 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from simpipe.backends import BACKENDS
 from simpipe.cluster.config import SlurmClusterConfig
 from simpipe.cluster.process_identity import is_process_id
 from simpipe.errors import SimpipeError
-from simpipe.store.files import write_json_atomic
-from simpipe.store.integrity import (
+from simpipe.files import write_json_atomic
+from simpipe.home import simpipe_home
+from simpipe.records import (
     CorruptFile,
     ProcessId,
     StrictRecord,
@@ -36,12 +36,6 @@ MAX_STATE_BYTES = 2**20  # a state file lists jobs and servers: kilobytes
 
 class StateError(SimpipeError, RuntimeError):
     """No such cluster, or its state file is unreadable; the message says what to do."""
-
-
-def simpipe_home() -> Path:
-    """``$SIMPIPE_HOME`` (``~`` expanded), or ``~/.simpipe`` when unset or empty: the
-    clusters here, and the embedded model (``simpipe.inference.llamacpp``)."""
-    return Path(os.environ.get("SIMPIPE_HOME") or "~/.simpipe").expanduser()
 
 
 def clusters_dir() -> Path:
@@ -183,10 +177,12 @@ def healthy_endpoints(state: dict[str, Any]) -> list[str]:
     return [s["url"] for s in state.get("servers", []) if s.get("url") and s.get("healthy")]
 
 
-def run_target(state: dict[str, Any], backend: str) -> tuple[str, list[str]]:
+def run_target(state: dict[str, Any], backend: str,
+               takes_endpoints: bool) -> tuple[str, list[str]]:
     """What points a run at this cluster: its scheduler address and, for a back-end that
-    takes endpoints (``takes_endpoints`` in ``simpipe.backends``), its healthy servers' URLs
-    for ``agents.<backend>.endpoints`` (empty otherwise)."""
+    takes endpoints (``takes_endpoints``, its plug-in's attribute in ``simpipe.backends``,
+    a layer above this one), its healthy servers' URLs for ``agents.<backend>.endpoints``
+    (empty otherwise)."""
     name = state.get("name", "?")
     if state.get("state") != "ready":
         raise StateError(f"cluster {name!r} is {state.get('state', 'unknown')!r}, not ready; "
@@ -197,8 +193,7 @@ def run_target(state: dict[str, Any], backend: str) -> tuple[str, list[str]]:
                          f"`simpipe cluster down {name}` cleans it up")
     endpoints = healthy_endpoints(state)
     served = state.get("endpoint_backend")
-    plugin = BACKENDS.get(backend)
-    if plugin is None or not plugin.takes_endpoints or not endpoints:
+    if not takes_endpoints or not endpoints:
         return scheduler, []
     if served and served != backend:
         raise StateError(

@@ -19,43 +19,25 @@ import importlib
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, FiniteFloat
+from pydantic import BaseModel, Field, FiniteFloat
 
+from simpipe.games.base import ScriptedSettings
 from simpipe.inference.settings import LlamaCppSettings, OpenAISettings, TgiSettings
 
-# The cognitive hierarchy stops at level 20 (simpipe.games.beauty_contest.level_k.MAX_LEVEL);
-# its Poisson shares exp(-tau) * tau**k / k! underflow to 0 for tau above ~700.
-DEPTH_LIMIT = 100.0
 # Sleeps the scripted agents take; longer than an hour is a typo, inf would never return.
 LATENCY_LIMIT_S = 3600.0
 
 
-class ScriptedSettings(BaseModel):
+class ScriptedBackendSettings(ScriptedSettings):
     """Rule-based agents; no LLM. The beauty contest's follow the cognitive-hierarchy model
     (Camerer, Ho & Chong 2004) with these keys; the public goods game's are calibrated to
     human data and take only ``latency_s`` from here ([games](games.md)).
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    tau: FiniteFloat = Field(1.2, ge=0, le=DEPTH_LIMIT, description=(
-        "mean reasoning depth (Poisson) in round 1, growing by `depth_growth` per round; level 0 "
-        "guesses uniformly in round 1 and repeats the previous mean later; level k "
-        "best-responds to the levels below (fitted to Nagel 1995's 2/3 sessions)"))
-    depth_growth: FiniteFloat = Field(0.35, ge=0, le=DEPTH_LIMIT, description=(
-        "mean depth added per round played (learning); 0: the same depth every round"))
-    # The bound: exp(10 * a normal draw) still fits a float64.
-    noise: FiniteFloat = Field(0.25, ge=0, le=10, description=(
-        "the sd of a log-normal factor on the distance to the equilibrium"))
     latency_s: FiniteFloat = Field(0.0, ge=0, le=LATENCY_LIMIT_S, description=(
         "each agent awaits this long (asyncio), like the paper's dummy agents"))
-    depth_shift: dict[str, dict[str, Annotated[FiniteFloat, Field(ge=-DEPTH_LIMIT,
-                                                                  le=DEPTH_LIMIT)]]] = Field(
-        default_factory=dict, description=(
-            "`attribute = { label = shift }`: added to the mean reasoning depth of an agent "
-            "with that label, e.g. `education = { \"Ph.D.\" = 1.0 }`"))
 
 
 def _load(target: str) -> Any:
@@ -190,7 +172,7 @@ def _llamacpp_identity(settings: LlamaCppSettings) -> dict:
 
 
 BACKENDS: dict[str, BackendPlugin] = {plugin.name: plugin for plugin in (
-    BackendPlugin("scripted", ScriptedSettings, summary="rule-based, no LLM",
+    BackendPlugin("scripted", ScriptedBackendSettings, summary="rule-based, no LLM",
                   policy="simpipe.agents.registry:scripted_policy",
                   label=_scripted_label, rule_attributes=_scripted_attributes,
                   population_check=_depth_shift_names),

@@ -45,6 +45,7 @@ from simpipe.games.config import AnyGameConfig, BeautyContestConfig, GameConfig
 from simpipe.games.registry import game_for
 from simpipe.inference.settings import SamplingSettings
 from simpipe.personas.config import PopulationConfig
+from simpipe.personas.meta_prompt import prompt_hash
 
 # The largest TOML integer. Every use of the seed takes it: numpy's SeedSequence (any
 # integer >= 0) and the per-agent request seeds, computed in uint64 (simpipe.agents.llm).
@@ -114,6 +115,11 @@ class _Agents(SamplingSettings):
     def settings(self) -> BaseModel:
         """The chosen back-end's table, ``[agents.<backend>]``."""
         return getattr(self, self.backend)
+
+    def identity(self) -> dict[str, Any]:
+        """What decides which model answers (the persona generator's part of the population
+        cache key); endpoints and concurrency are left out where a model name says it all."""
+        return {"backend": self.backend, **self.plugin.identity(self.settings)}
 
 
 #: ``[agents]``: sampling, answer sharing, the back-end's name, and one table per back-end
@@ -218,11 +224,7 @@ class Config(_Section):
         spec = self.population.model_dump(mode="json", exclude={"persona": {"agents"}})
         data: dict[str, Any] = {"seed": self.run.seed, "population": spec}
         if self.population.persona.mode == "llm":
-            # Here, not at the top: persona_build imports this module.
-            from simpipe.personas.meta_prompt import prompt_hash
-            from simpipe.run.persona_build import generator_identity
-
-            data["persona_generator"] = generator_identity(self.persona_agents)
+            data["persona_generator"] = self.persona_agents.identity()
             data["persona_prompt"] = prompt_hash()
         return _digest(data)
 

@@ -32,6 +32,14 @@ def test_sbatch_of_a_config_without_slurm_workers_is_one_line_naming_the_kind(
     assert not script.exists()
 
 
+def test_cluster_up_without_slurm_workers_is_the_same_one_line(tmp_path: Path) -> None:
+    """sbatch and cluster up share one check (``simpipe.cluster.slurm.require_slurm``)."""
+    env = {**os.environ, "SIMPIPE_HOME": str(tmp_path)}
+    line = one_error_line(simpipe_cli("cluster", "up", str(SCRIPTED), "--name", "t", env=env))
+    assert line == 'error: simpipe cluster up needs cluster.kind = "slurm" (got "local")'
+    assert not (tmp_path / "clusters").exists()
+
+
 def test_run_on_a_cluster_that_does_not_exist_is_one_line(tmp_path: Path) -> None:
     env = {**os.environ, "SIMPIPE_HOME": str(tmp_path / "home")}
     proc = simpipe_cli("run", str(SCRIPTED), "--cluster", "nope",

@@ -14,7 +14,7 @@ import pytest
 
 from simpipe.cluster import slurm
 from simpipe.cluster.config import LocalClusterConfig
-from simpipe.cluster.executor import cluster_client
+from simpipe.run.executor import cluster_client
 
 pytestmark = pytest.mark.slow
 

@@ -18,10 +18,10 @@ from simpipe.agents.registry import (
     process_engines,
     prompt_style,
 )
+from simpipe.aio import run_async
 from simpipe.backends import BACKENDS, llm_backends
 from simpipe.config import ConfigError, config_from_dict
 from simpipe.inference.base import Backend, GenerationRequest
-from simpipe.run.aio import run_async
 from simpipe.run.console import Console
 from simpipe.run.simulation import run_simulation
 from simpipe.servers.stub import StubProcess

@@ -1,4 +1,4 @@
-"""Where a run executes (``simpipe.cluster.executor``): an executor entered once holds one
+"""Where a run executes (``simpipe.run.executor``): an executor entered once holds one
 cluster for any number of runs and closes it when the with-block ends; its config swaps
 endpoints and sections through validated copies."""
 
@@ -10,7 +10,7 @@ import pytest
 from distributed import Client
 
 import simpipe
-from simpipe.cluster.batch import BatchOptions, write_batch_script
+from simpipe.cluster.batch import BatchOptions
 from simpipe.cluster.config import (
     CLUSTER_KINDS,
     AddressClusterConfig,
@@ -18,10 +18,12 @@ from simpipe.cluster.config import (
     ServersConfig,
     SlurmClusterConfig,
 )
-from simpipe.cluster.executor import EXECUTORS, ExecutorError, LocalExecutor, executor_for
+from simpipe.cluster.slurm import NotSlurm
 from simpipe.config import ConfigError
 from simpipe.errors import SimpipeError
+from simpipe.run.batch_task import write_batch_script
 from simpipe.run.console import Console
+from simpipe.run.executor import EXECUTORS, ExecutorError, LocalExecutor, executor_for
 from simpipe.store.results import read_ledger, read_rounds
 
 from support import small_config
@@ -116,5 +118,5 @@ def test_write_batch_script_returns_the_script_and_makes_the_job_log_folder(
     assert script.run_dir == config.run_dir
     printed = write_batch_script(config, BatchOptions("/c.toml"), "-")
     assert printed.path is None and "batch-task /c.toml" in printed.text
-    with pytest.raises(ConfigError, match='simpipe sbatch needs cluster.kind = "slurm"'):
+    with pytest.raises(NotSlurm, match='simpipe sbatch needs cluster.kind = "slurm"'):
         write_batch_script(small_config(tmp_path), BatchOptions("/c.toml"))

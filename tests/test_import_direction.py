@@ -1,7 +1,10 @@
 """The layers import in one direction: the domain packages (``games/``, ``personas/``) never
 import the pipeline (``simpipe.*`` outside ``simpipe.games`` and ``simpipe.personas``) or
-the cluster, and ``cluster/`` never imports the games or the personas. Checked on the source
-with ``ast``, so an import inside a function counts too."""
+the cluster, and ``cluster/`` never imports the games or the personas; every package imports
+only its own layer and those below (``LAYERS``), and neither the packages nor the modules
+import each other in a cycle. Checked on the source with ``ast``: every import counts, at
+the top of a module, inside a function or under ``TYPE_CHECKING`` (an import moved into a
+function hides a cycle, it does not break it)."""
 
 from __future__ import annotations
 
@@ -15,6 +18,28 @@ from simpipe.errors import IMPORTABLE_EVERYWHERE
 from support import REPO
 
 DOMAIN = ("simpipe.games", "simpipe.personas")
+#: The source folders and the package each one installs as (pyproject's package-dir).
+FOLDERS = {"pipeline": "simpipe", "games": "simpipe.games", "personas": "simpipe.personas",
+           "cluster": "simpipe.cluster"}
+#: The layers, bottom first: a package may import its own layer and those below, never one
+#: above. A unit is a subpackage of simpipe or a module of the core (``pipeline/*.py``):
+#: the core's modules sit at different heights. docs/extending.md explains each layer.
+LAYERS: list[tuple[str, ...]] = [
+    # imports nothing of simpipe but each other
+    ("simpipe.errors", "simpipe.aio", "simpipe.files", "simpipe.records", "simpipe.home",
+     "simpipe.tables", "simpipe.memory"),
+    ("simpipe.games", "simpipe.personas"),  # the domain: pure Python
+    ("simpipe.inference",),  # the client side of inference
+    ("simpipe.servers",),  # the servers simpipe runs (llama.cpp's uses the engine)
+    ("simpipe.cluster",),  # workers, server jobs, persistent clusters
+    # the config, composed from the sections of the layers below
+    ("simpipe.backends", "simpipe.config", "simpipe.config_docs", "simpipe.estimate"),
+    ("simpipe.store",),  # a run's files (run.json records the config)
+    ("simpipe.agents",),  # how a partition decides
+    ("simpipe.run",),  # a run: servers, population, rounds
+    ("simpipe.report", "simpipe.ui", "simpipe.bench"),  # readers and benchmarks of runs
+    ("simpipe", "simpipe.cli"),  # the Python API and the command line
+]
 #: The one pipeline module every package may import: the base of the errors a user can fix
 #: (``simpipe.errors`` imports nothing of simpipe itself).
 EVERYWHERE = (IMPORTABLE_EVERYWHERE,)
@@ -75,3 +100,131 @@ def test_a_wrong_import_is_found_wherever_it_is(tmp_path: Path) -> None:
         "games/bad.py:5 imports simpipe.run.simulation.run_simulation",
         "games/bad.py:6 imports simpipe.cluster"]
     assert violations(tmp_path, "cluster") == ["cluster/bad.py:2 imports simpipe.games.registry"]
+
+
+def source_modules(root: Path) -> dict[str, Path]:
+    """Every module of the source folders under ``root``, by its dotted name."""
+    modules = {}
+    for folder, package in FOLDERS.items():
+        for path in sorted((root / folder).rglob("*.py")):
+            parts = path.relative_to(root / folder).with_suffix("").parts
+            parts = parts[:-1] if parts[-1] == "__init__" else parts
+            modules[".".join([package, *parts])] = path
+    return modules
+
+
+def _module_of(name: str, modules: dict[str, Path]) -> str | None:
+    """The module an imported dotted name is or lies in (None: not one of ours)."""
+    while name and name not in modules:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def module_graph(root: Path) -> dict[str, dict[str, list[str]]]:
+    """Which of our modules each module imports, each edge with its ``file:line`` places."""
+    modules = source_modules(root)
+    graph: dict[str, dict[str, list[str]]] = {}
+    for module, path in modules.items():
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        edges = graph.setdefault(module, {})
+        for line, name in imported_names(path, package):
+            target = _module_of(name, modules)
+            place = f"{path.relative_to(root)}:{line}"
+            if target is not None and target != module:
+                places = edges.setdefault(target, [])
+                places += [] if place in places else [place]
+    return graph
+
+
+def unit_of(module: str) -> str:
+    """The package-level unit of a module: ``simpipe.run.simulation`` -> ``simpipe.run``,
+    ``simpipe.config`` -> itself (a core module is its own unit)."""
+    return ".".join(module.split(".")[:2])
+
+
+def package_graph(root: Path) -> dict[str, dict[str, list[str]]]:
+    """``module_graph`` with each module replaced by its unit; imports within a unit drop."""
+    graph: dict[str, dict[str, list[str]]] = {}
+    for module, edges in module_graph(root).items():
+        unit = graph.setdefault(unit_of(module), {})
+        for target, places in edges.items():
+            if unit_of(target) != unit_of(module):
+                known = unit.setdefault(unit_of(target), [])
+                known += [p for p in places if p not in known]
+    return graph
+
+
+def find_cycle(graph: dict[str, dict[str, list[str]]]) -> list[str]:
+    """One cycle of ``graph`` as its nodes, the first repeated at the end (``[]``: none)."""
+    done: set[str] = set()
+    path: list[str] = []
+
+    def visit(node: str) -> list[str]:
+        if node in path:
+            return [*path[path.index(node):], node]
+        if node in done:
+            return []
+        path.append(node)
+        for target in sorted(graph.get(node, {})):
+            cycle = visit(target)
+            if cycle:
+                return cycle
+        path.pop()
+        done.add(node)
+        return []
+
+    for node in sorted(graph):
+        cycle = visit(node)
+        if cycle:
+            return cycle
+    return []
+
+
+def layer_violations(graph: dict[str, dict[str, list[str]]]) -> list[str]:
+    """``place: A imports B (a layer above)`` for each import up the layers, and one line
+    for each unit without a layer."""
+    height = {unit: i for i, layer in enumerate(LAYERS) for unit in layer}
+    bad = [f"{unit}: in no layer of LAYERS" for unit in sorted(graph) if unit not in height]
+    for unit, edges in sorted(graph.items()):
+        for target, places in sorted(edges.items()):
+            if unit in height and height.get(target, -1) > height[unit]:
+                bad += [f"{place}: {unit} imports {target} (a layer above)" for place in places]
+    return bad
+
+
+def test_packages_import_only_their_layer_and_below() -> None:
+    assert layer_violations(package_graph(REPO)) == []
+
+
+def test_neither_packages_nor_modules_import_in_a_cycle() -> None:
+    assert find_cycle(package_graph(REPO)) == []
+    assert find_cycle(module_graph(REPO)) == []
+
+
+def _write(root: Path, files: dict[str, str]) -> None:
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+
+
+def test_a_planted_cycle_and_an_import_up_the_layers_are_found(tmp_path: Path) -> None:
+    """store -> run only inside a function and run -> store at the top still make a cycle."""
+    _write(tmp_path, {
+        "pipeline/__init__.py": "", "pipeline/errors.py": "",
+        "pipeline/run/__init__.py": "", "pipeline/store/__init__.py": "",
+        "pipeline/run/simulation.py": "from simpipe.store import ledger\n",
+        "pipeline/store/ledger.py": ("from simpipe.errors import SimpipeError\n"
+                                     "def f():\n    from ..run.simulation import run\n"),
+    })
+    graph = package_graph(tmp_path)
+    assert find_cycle(graph) == ["simpipe.run", "simpipe.store", "simpipe.run"]
+    assert find_cycle(module_graph(tmp_path)) == [
+        "simpipe.run.simulation", "simpipe.store.ledger", "simpipe.run.simulation"]
+    assert layer_violations(graph) == [
+        "pipeline/store/ledger.py:3: simpipe.store imports simpipe.run (a layer above)"]
+    (tmp_path / "pipeline/store/ledger.py").write_text("import simpipe.errors\n")
+    (tmp_path / "pipeline/newpkg").mkdir()
+    (tmp_path / "pipeline/newpkg/__init__.py").write_text("")
+    graph = package_graph(tmp_path)
+    assert find_cycle(graph) == []
+    assert layer_violations(graph) == ["simpipe.newpkg: in no layer of LAYERS"]

@@ -39,7 +39,7 @@ ALLOWED = frozenset({
     ("pipeline/bench/scale.py", "scripted", "key"),
     ("pipeline/bench/share.py", "llamacpp", "key"),
     # The [cluster.servers.emulated] table of a config being rewritten, not the kind.
-    ("cluster/emulate.py", "emulated", "key"),
+    ("pipeline/run/emulate.py", "emulated", "key"),
     # The emulator's wire protocols (HTTP route sets and error styles), named after the
     # servers they imitate.
     ("pipeline/servers/contract.py", "tgi", "compare"),
@@ -213,7 +213,7 @@ print(json.dumps({
     "endpoint_backend": servers.endpoint_backend,
     "command": server_command(servers, servers.port, python="py"),
     "kind_description": type(servers).model_fields["kind"].description,
-    "run_target": run_target(state, "echo"),
+    "run_target": run_target(state, "echo", BACKENDS["echo"].takes_endpoints),
     "errors": errors,
 }))
 '''

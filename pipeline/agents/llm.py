@@ -22,6 +22,7 @@ from simpipe.agents.base import (
     decisions_frame,
     stored_raw,
 )
+from simpipe.agents.seeds import GOLDEN, splitmix64
 from simpipe.agents.shared_answers import (
     SharedAnswers,
     draw_uniforms,
@@ -29,6 +30,7 @@ from simpipe.agents.shared_answers import (
     sharing_refusal,
     split_evenly,
 )
+from simpipe.aio import run_async
 from simpipe.games.base import Game
 from simpipe.games.config import AnyGameConfig
 from simpipe.games.prompts import PromptBuilder
@@ -36,7 +38,6 @@ from simpipe.games.registry import game_for
 from simpipe.inference.base import AnswerColumns, Backend, GenerationRequest, OutputConstraint
 from simpipe.inference.llamacpp_sampler import ChainSettings
 from simpipe.inference.settings import SamplingSettings
-from simpipe.run.aio import run_async
 
 if TYPE_CHECKING:
     from simpipe.config import AgentsConfig
@@ -45,15 +46,9 @@ if TYPE_CHECKING:
 def agent_seeds(seed: int, round_index: int, agent_ids: np.ndarray) -> np.ndarray:
     """A per-agent, per-round request seed (splitmix64 of the triple), in [0, 2**31)."""
     with np.errstate(over="ignore"):
-        x = (np.uint64(seed) * np.uint64(0x9E3779B97F4A7C15)
-             + np.uint64(round_index) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (np.uint64(seed) * GOLDEN + np.uint64(round_index) * np.uint64(0xBF58476D1CE4E5B9)
              + agent_ids.astype(np.uint64))
-        x ^= x >> np.uint64(30)
-        x *= np.uint64(0xBF58476D1CE4E5B9)
-        x ^= x >> np.uint64(27)
-        x *= np.uint64(0x94D049BB133111EB)
-        x ^= x >> np.uint64(31)
-    return (x >> np.uint64(33)).astype(np.int64)
+    return (splitmix64(x) >> np.uint64(33)).astype(np.int64)
 
 
 @functools.lru_cache(maxsize=64)

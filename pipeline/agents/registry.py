@@ -21,10 +21,10 @@ from distributed import Client, WorkerPlugin
 from distributed.core import Status
 
 from simpipe.agents.base import AgentPolicy
+from simpipe.aio import process_loop, run_async
 from simpipe.backends import BACKENDS
 from simpipe.config import AgentsConfig
 from simpipe.inference.base import Backend, GenerationRequest
-from simpipe.run.aio import process_loop, run_async
 
 EngineFactory = Callable[[AgentsConfig], Backend]
 
@@ -80,8 +80,7 @@ def scripted_policy(settings: Any) -> AgentPolicy:
     # inference stack).
     from simpipe.agents.scripted import ScriptedAgents
 
-    return ScriptedAgents(settings.tau, settings.noise, settings.latency_s, settings.depth_shift,
-                          settings.depth_growth)
+    return ScriptedAgents(settings, settings.latency_s)
 
 
 def build_policy(agents: AgentsConfig) -> AgentPolicy:

@@ -8,17 +8,15 @@ import numpy as np
 import pandas as pd
 
 from simpipe.agents.base import AgentPolicy, Decisions, Turn, decisions_frame
+from simpipe.aio import CoalescedClock, gc_paused, run_async
 from simpipe.games.base import Game, ScriptedSettings
 from simpipe.games.registry import game_for
-from simpipe.run.aio import CoalescedClock, gc_paused, run_async
 
 
 class ScriptedAgents(AgentPolicy):
-    def __init__(self, tau: float, noise: float, latency_s: float,
-                 depth_shift: dict[str, dict[str, float]], depth_growth: float = 0.35) -> None:
+    def __init__(self, settings: ScriptedSettings, latency_s: float) -> None:
         # The beauty contest's cognitive hierarchy reads these; other games ignore them.
-        self.settings = ScriptedSettings(tau=tau, noise=noise, depth_shift=depth_shift,
-                                         depth_growth=depth_growth)
+        self.settings = settings
         self.latency_s = latency_s
 
     def needs_own_answers(self, game: Game) -> bool:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from simpipe.agents.seeds import GOLDEN, splitmix64
 from simpipe.backends import BACKENDS
 from simpipe.games.answer_format import IntegerAnswers
 from simpipe.games.config import AnyGameConfig
@@ -56,14 +57,8 @@ def sharing_refusal(share_answers: str, game: AnyGameConfig, backend_name: str,
 def draw_uniforms(seeds: np.ndarray) -> np.ndarray:
     """One uniform in [0, 1) per agent seed (splitmix64 of the seed, 53 bits)."""
     with np.errstate(over="ignore"):
-        x = seeds.astype(np.uint64) ^ _DRAW_STREAM
-        x = x * np.uint64(0x9E3779B97F4A7C15)
-        x ^= x >> np.uint64(30)
-        x *= np.uint64(0xBF58476D1CE4E5B9)
-        x ^= x >> np.uint64(27)
-        x *= np.uint64(0x94D049BB133111EB)
-        x ^= x >> np.uint64(31)
-    return (x >> np.uint64(11)).astype(np.float64) * (1.0 / 2**53)
+        x = (seeds.astype(np.uint64) ^ _DRAW_STREAM) * GOLDEN
+    return (splitmix64(x) >> np.uint64(11)).astype(np.float64) * (1.0 / 2**53)
 
 
 def prompt_hash(prompt: str) -> int:

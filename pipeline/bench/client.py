@@ -22,11 +22,11 @@ from typing import Any
 import aiohttp
 import psutil
 
+from simpipe import aio
 from simpipe.agents.registry import build_backend
 from simpipe.config import AgentsConfig
 from simpipe.inference.base import Backend, GenerationRequest, OutputConstraint
 from simpipe.inference.http_client import ConnectionPool
-from simpipe.run import aio
 from simpipe.servers.emulator import EmulatorProcess
 from simpipe.servers.stub import StubProcess
 from simpipe.tables import markdown_table

@@ -50,12 +50,12 @@ from simpipe.bench.scale import ATTRIBUTES
 from simpipe.cluster import servers as srv
 from simpipe.cluster import slurm
 from simpipe.cluster.config import memory_amount
-from simpipe.cluster.endpoints import emulate_node
-from simpipe.cluster.executor import SlurmExecutor
 from simpipe.config import Config, config_from_dict
 from simpipe.errors import SimpipeError
 from simpipe.estimate import STATS_PATH, fetch_stats, fleet_edges, fleet_window
+from simpipe.inference.endpoints import emulate_node
 from simpipe.run.console import Console
+from simpipe.run.executor import SlurmExecutor
 from simpipe.run.simulation import RoundObserver, run_simulation
 from simpipe.servers.emulator_profiles import get_profile
 from simpipe.store.results import read_ledger

@@ -11,7 +11,6 @@ and settings, in this process.
 from __future__ import annotations
 
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -19,10 +18,10 @@ import numpy as np
 
 from simpipe.agents.base import Turn
 from simpipe.agents.llm import build_requests
+from simpipe.aio import run_async
 from simpipe.config import Config, config_from_dict
 from simpipe.inference.llamacpp import LlamaCppBackend
-from simpipe.memory import tree_rss_bytes
-from simpipe.run.aio import run_async
+from simpipe.memory import PeakMemory
 from simpipe.run.console import Console
 from simpipe.run.simulation import run_simulation
 from simpipe.store.results import read_ledger, read_population
@@ -54,33 +53,6 @@ def default_config(agents: int, rounds: int, output_dir: Path) -> Config:
     })
 
 
-class RssTimeline:
-    """The process tree's RSS sampled with timestamps, for per-interval peaks."""
-
-    def __init__(self, interval_s: float = 0.25) -> None:
-        self.interval_s = interval_s
-        self.samples: list[tuple[float, int]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.samples.append((time.time(), tree_rss_bytes()))
-            self._stop.wait(self.interval_s)
-
-    def __enter__(self) -> RssTimeline:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def peak_gib(self, start: float, end: float) -> float | None:
-        inside = [rss for t, rss in self.samples if start <= t <= end]
-        return max(inside) / 2**30 if inside else None
-
-
 def per_agent_reference(config: Config, sample: int) -> dict:
     """One sampled call per agent for the first ``sample`` agents' round-1 prompts."""
     population = read_population(config.run_dir).iloc[:sample]
@@ -91,7 +63,7 @@ def per_agent_reference(config: Config, sample: int) -> dict:
         warm = config.agents.llamacpp.n_parallel
         run_async(backend.generate(requests[:warm]))  # as a long run amortises the first batch
         start = time.perf_counter()
-        with RssTimeline() as rss:
+        with PeakMemory(interval_s=0.25) as rss:
             results = run_async(backend.generate(requests))
         wall = time.perf_counter() - start
     finally:
@@ -99,7 +71,7 @@ def per_agent_reference(config: Config, sample: int) -> dict:
     return {"case": "one call per agent, round 1 (the reference)", "agents": len(requests),
             "distinct_prompts": len({r.prompt for r in requests}), "sharing_factor": None,
             "model_calls": len(requests), "wall_s": wall, "agents_per_s": len(requests) / wall,
-            "peak_rss_gib": max((b for _, b in rss.samples), default=0) / 2**30,
+            "peak_rss_gib": rss.peak_gib,
             "valid": sum(r.status == "ok" for r in results) / len(results)}
 
 
@@ -111,7 +83,7 @@ def run_share_bench(config: Config | None, agents: int, rounds: int, sample: int
         else:
             config = config.model_copy(update={"run": config.run.model_copy(
                 update={"output_dir": str(out), "name": "share-bench"})})
-        with RssTimeline() as rss:
+        with PeakMemory(interval_s=0.25, timeline=True) as rss:
             run_simulation(config, console=Console(quiet=True))
         ledger = read_ledger(config.run_dir)
         rows = []
@@ -123,7 +95,7 @@ def run_share_bench(config: Config | None, agents: int, rounds: int, sample: int
                 "distinct_prompts": rec["distinct_prompts"],
                 "sharing_factor": rec["sharing_factor"], "model_calls": rec["model_calls"],
                 "wall_s": rec["elapsed_s"], "agents_per_s": rec["agents_per_s"],
-                "peak_rss_gib": rss.peak_gib(start, start + rec["elapsed_s"]),
+                "peak_rss_gib": rss.peak_gib_between(start, start + rec["elapsed_s"]),
                 "valid": rec["n_valid"] / rec["n"],
             })
         reference = per_agent_reference(config, sample)

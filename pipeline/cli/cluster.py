@@ -1,6 +1,6 @@
 """``simpipe cluster up | status | down``, ``simpipe sbatch`` and its hidden ``batch-task``.
 
-The work is in library functions (``simpipe.cluster.lifecycle``, ``simpipe.cluster.batch``,
+The work is in library functions (``simpipe.run.lifecycle``, ``simpipe.cluster.batch``,
 ``simpipe.run.batch_task``) that return data; this module parses options and prints. Their
 errors are SimpipeErrors, which the ``simpipe`` group prints as one-line messages. Each command
 imports what it runs inside its own function (``simpipe --help`` stays light).
@@ -33,7 +33,7 @@ def cluster_group() -> None:
 def cluster_up(config_path: str, name: str | None, emulate: bool,
                overrides: tuple[str, ...]) -> None:
     """Start the scheduler, SLURM worker jobs and server jobs of CONFIG's [cluster]."""
-    from simpipe.cluster import lifecycle
+    from simpipe.run import lifecycle
 
     name = name or Path(config_path).stem
     up = lifecycle.up(load(config_path, overrides), name, emulate=emulate,
@@ -53,7 +53,7 @@ def cluster_up(config_path: str, name: str | None, emulate: bool,
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def cluster_status(name: str, as_json: bool) -> None:
     """Workers, servers and SLURM jobs of cluster NAME."""
-    from simpipe.cluster import lifecycle
+    from simpipe.run import lifecycle
 
     report = lifecycle.status(name)
     if as_json:
@@ -80,7 +80,7 @@ def cluster_status(name: str, as_json: bool) -> None:
 @click.argument("name")
 def cluster_down(name: str) -> None:
     """Cancel every job of cluster NAME, stop its manager, remove its state."""
-    from simpipe.cluster import lifecycle
+    from simpipe.run import lifecycle
 
     cancelled = lifecycle.down(name).cancelled
     click.echo(f"cluster {name} down; cancelled {len(cancelled)} job(s)"
@@ -111,7 +111,8 @@ def sbatch_command(config_path: str, nodes: int, gpus_per_node: int, workers_per
                    walltime: str | None, mem: str | None, overcommit: bool, job_log: str | None,
                    output: str | None, overrides: tuple[str, ...]) -> None:
     """Write a batch script that runs CONFIG inside one SLURM allocation."""
-    from simpipe.cluster.batch import BatchOptions, write_batch_script
+    from simpipe.cluster.batch import BatchOptions
+    from simpipe.run.batch_task import write_batch_script
 
     config = load(config_path, overrides)
     opts = BatchOptions(str(Path(config_path).resolve()), overrides, nodes, gpus_per_node,

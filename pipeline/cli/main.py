@@ -78,8 +78,8 @@ def population() -> None:
 @set_option
 def population_build(config_path: str, overrides: tuple[str, ...]) -> None:
     """Sample the population of CONFIG into <output_dir>/<name>/population/."""
-    from simpipe.cluster.executor import cluster_client
     from simpipe.run.console import Console
+    from simpipe.run.executor import cluster_client
     from simpipe.run.population import ensure_population
     from simpipe.store.layout import RunPaths
 

@@ -35,7 +35,6 @@ from typing import Any
 
 import numpy as np
 
-from simpipe.cluster.endpoints import is_local
 from simpipe.inference.answer_checks import MalformedAnswer
 from simpipe.inference.base import (
     AnswerColumns,
@@ -44,6 +43,7 @@ from simpipe.inference.base import (
     GenerationRequest,
     GenerationResult,
 )
+from simpipe.inference.endpoints import is_local
 from simpipe.inference.http_client import (
     ConnectFailed,
     ConnectionPool,
@@ -93,7 +93,7 @@ class _Endpoint:
         self.down_until = 0.0  # time.monotonic() before which it is skipped
         self.counters = EndpointCounters()
         self.index = index
-        self.local = False  # on this node (see simpipe.cluster.endpoints)
+        self.local = False  # on this node (see simpipe.inference.endpoints)
 
 
 class _LoopState:

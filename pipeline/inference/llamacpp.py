@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from simpipe.cluster.state import simpipe_home
+from simpipe.home import simpipe_home
 from simpipe.inference.answer_checks import (
     MalformedAnswer,
     answer_text,

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
 from simpipe.report import figures as fig
 from simpipe.report import tables as tab
+from simpipe.report.contents import FigureItem, Report, TableSection
+from simpipe.report.html import write_html
 from simpipe.report.load import ReportInputError, RunData, load_runs, slug
 
 FLOAT2 = "{:.2f}"
@@ -26,46 +27,6 @@ FORMATS: dict[str, str] = {
     **{c: "{:.1f}" for c in ("contribution_pct", "first_pct", "last_pct", "run_pct",
                              "human_pct")},
 }
-
-
-@dataclass
-class TableSection:
-    """One table as the console, the CSV and the page show it."""
-
-    key: str  # the CSV's stem
-    title: str
-    frame: pd.DataFrame
-    notes: list[str] = field(default_factory=list)
-    citation: str = ""
-    attribute: str | None = None
-
-    def display_rows(self) -> list[dict[str, object]]:
-        frame = self.frame.astype(object).where(self.frame.notna(), None)
-        if "rounds_to_within_1" in frame:
-            frame["rounds_to_within_1"] = frame["rounds_to_within_1"].map(
-                lambda v: "not reached" if v is None else v)
-        return frame.to_dict("records")
-
-
-@dataclass
-class FigureItem:
-    path: Path
-    caption: str
-    run: str | None = None  # None: a comparison of all runs
-    attribute: str | None = None
-
-
-@dataclass
-class Report:
-    out: Path
-    runs: list[RunData]
-    sections: list[TableSection]
-    figures: list[FigureItem]
-    html: Path
-    notes: list[str]
-
-    def section(self, key: str) -> TableSection:
-        return next(s for s in self.sections if s.key == key)
 
 
 def available_attributes(runs: Sequence[RunData]) -> list[str]:
@@ -160,8 +121,6 @@ def build_report(run_dirs: Sequence[str | Path], out: str | Path | None = None,
 
     for section in sections:
         section.frame.to_csv(out_dir / "tables" / f"{section.key}.csv", index=False)
-
-    from simpipe.report.html import write_html  # the page is the last step
 
     report = Report(out_dir, runs, sections, figures, out_dir / "report.html", notes)
     write_html(report, FORMATS)

@@ -7,12 +7,9 @@ import html
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
-from typing import TYPE_CHECKING
 
+from simpipe.report.contents import FigureItem, Report, TableSection
 from simpipe.tables import format_cell
-
-if TYPE_CHECKING:
-    from simpipe.report.build import FigureItem, Report, TableSection
 
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2rem auto; max-width: 70rem; padding: 0 1rem;

@@ -21,12 +21,12 @@ import pyarrow as pa
 
 from simpipe.agents.llm import agent_seeds
 from simpipe.agents.registry import EngineFactory, process_backend
+from simpipe.aio import run_async
 from simpipe.config import AgentsConfig
 from simpipe.inference.base import GenerationRequest
 from simpipe.personas import meta_prompt
 from simpipe.personas.config import PopulationConfig
 from simpipe.personas.templates import render_one, render_template
-from simpipe.run.aio import run_async
 
 BackendFactory = EngineFactory  # replaces the generator's engine (tests inject one)
 SOURCES = ("template", "llm", "template_fallback")
@@ -48,12 +48,6 @@ class PersonaStats:
     def as_dict(self) -> dict:
         return {"llm_requests": self.llm_requests, "tokens_out": self.tokens_out,
                 "rejected": dict(self.rejected), "sources": dict(self.sources)}
-
-
-def generator_identity(agents: AgentsConfig) -> dict:
-    """What decides which model writes the personas (part of the population cache key);
-    endpoints and concurrency are left out where a model name says it all."""
-    return {"backend": agents.backend, **agents.plugin.identity(agents.settings)}
 
 
 def process_request_count() -> int:

@@ -17,17 +17,17 @@ from distributed import Client, as_completed
 
 from simpipe.agents.registry import close_engines_on_shutdown
 from simpipe.config import AgentsConfig, Config
-from simpipe.personas.config import PopulationConfig
-from simpipe.personas.meta_prompt import prompt_hash
-from simpipe.personas.sampling import partition_bounds, sample_partition
-from simpipe.run.console import Console
-from simpipe.run.persona_build import BackendFactory, PersonaStats, add_personas, generator_identity
-from simpipe.store.files import (
+from simpipe.files import (
     move_aside,
     remove_stale_temps,
     write_json_atomic,
     write_parquet_atomic,
 )
+from simpipe.personas.config import PopulationConfig
+from simpipe.personas.meta_prompt import prompt_hash
+from simpipe.personas.sampling import partition_bounds, sample_partition
+from simpipe.run.console import Console
+from simpipe.run.persona_build import BackendFactory, PersonaStats, add_personas
 from simpipe.store.integrity import CorruptFile, check_part
 from simpipe.store.layout import RunPaths, part_name, population_cache
 
@@ -131,7 +131,7 @@ def _persona_meta(config: Config, cache: Path, n: int, build: dict) -> dict:
         "this_build": {**build, "rejected": dict(build["rejected"])},
     }
     if persona.mode == "llm":
-        meta["generator"] = generator_identity(config.persona_agents)
+        meta["generator"] = config.persona_agents.identity()
         meta["prompt_hash"] = prompt_hash()
     return meta
 

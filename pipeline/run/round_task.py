@@ -18,12 +18,12 @@ import pyarrow as pa
 
 from simpipe.agents.base import DecisionStats, Turn
 from simpipe.agents.registry import get_policy
+from simpipe.aio import gc_paused
 from simpipe.config import Config
+from simpipe.files import move_aside, write_parquet_atomic
 from simpipe.games.partials import Partial
 from simpipe.games.registry import game_for
 from simpipe.personas.sampling import partition_bounds
-from simpipe.run.aio import gc_paused
-from simpipe.store.files import move_aside, write_parquet_atomic
 from simpipe.store.integrity import CorruptFile, read_part
 from simpipe.store.layout import RunPaths
 

@@ -34,19 +34,19 @@ from simpipe.agents.registry import (
     prompt_style,
 )
 from simpipe.agents.shared_answers import sharing_refusal
-from simpipe.cluster.executor import Executor, OwnClientExecutor, executor_for
 from simpipe.config import Config
 from simpipe.errors import EXIT_CANCELLED, SimpipeError
 from simpipe.estimate import report_estimate
+from simpipe.files import move_aside, remove_stale_temps, write_parquet_atomic
 from simpipe.games.base import Game
 from simpipe.games.groups import assign_groups
 from simpipe.games.registry import game_for
 from simpipe.personas.sampling import partition_bounds
 from simpipe.run.console import Console
+from simpipe.run.executor import Executor, OwnClientExecutor, executor_for
 from simpipe.run.population import ensure_population
 from simpipe.run.quiet_teardown import QuietTeardown
 from simpipe.run.round_task import ROW_COLUMNS, PartitionJob, PartitionOutcome, play_partition
-from simpipe.store.files import move_aside, remove_stale_temps, write_parquet_atomic
 from simpipe.store.integrity import CorruptFile, read_ledger, read_summary, round_problems
 from simpipe.store.layout import RunPaths
 from simpipe.store.ledger import Ledger, RunDirError, open_run_dir
@@ -91,7 +91,7 @@ def run_simulation(config: Config, *, executor: Executor | None = None, resume: 
                    console: Console | None = None, observer: RoundObserver | None = None,
                    emulate: bool = False, cluster_name: str | None = None) -> RunResult:
     """Run (or resume) the configured simulation and return its summary, as ``simpipe run``
-    does. Where it runs is an ``executor`` (``simpipe.cluster.executor``): by default the
+    does. Where it runs is an ``executor`` (``simpipe.run.executor``): by default the
     one ``simpipe run`` builds from the config (``executor_for``), entered for this run:
     the cluster and ``[cluster.servers]`` start for it and stop at its end. ``emulate`` is
     ``--emulate`` (a dry run with emulated GPU servers, results in ``<run.name>-emulated``),

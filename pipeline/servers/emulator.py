@@ -35,7 +35,7 @@ from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any, Self
 
-from simpipe.run import aio
+from simpipe import aio
 from simpipe.servers import contract as contract
 from simpipe.servers.emulator_model import GpuScheduler, Series
 from simpipe.servers.emulator_profiles import (

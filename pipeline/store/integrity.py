@@ -12,8 +12,6 @@ footer (row count, schema) and its ``agent_id`` column, not a read of every colu
 
 from __future__ import annotations
 
-import json
-import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any
@@ -22,12 +20,20 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
-from simpipe.errors import SimpipeError
 from simpipe.games.base import Game
 from simpipe.games.registry import game_from_dict
 from simpipe.personas.sampling import partition_bounds
+from simpipe.records import (
+    CorruptFile,
+    NonNegative,
+    ProcessId,
+    StrictRecord,
+    error_reason,
+    first_error,
+    read_json_record,
+)
 from simpipe.store.layout import RunPaths
 
 AgentRange = tuple[int, int]  # [start, stop) of one partition's agent ids
@@ -35,30 +41,8 @@ AgentRange = tuple[int, int]  # [start, stop) of one partition's agent ids
 RESUME_REPAIRS = "`simpipe run CONFIG --resume` moves it aside and rebuilds it"
 
 
-class CorruptFile(SimpipeError, ValueError):
-    """A file that is missing, unreadable or not what simpipe wrote there."""
-
-    def __init__(self, path: Path, problem: str) -> None:
-        super().__init__(f"{path}: {problem}")
-        self.path = path
-        self.problem = problem
-
-    def shown_under(self, root: Path) -> str:
-        """The message with the path relative to ``root`` (e.g. the run directory)."""
-        try:
-            return f"{self.path.relative_to(root)}: {self.problem}"
-        except ValueError:
-            return str(self)
-
-
-def _reason(exc: BaseException) -> str:
-    """The first sentence of a library's error, without the path we already name."""
-    text = re.sub(r"Could not open Parquet input source '[^']*': ", "", str(exc)).strip()
-    first = re.split(r"(?<=[a-z])\. |\n", text, maxsplit=1)[0].rstrip(".")
-    return first or type(exc).__name__
-
-
 # --- part files -------------------------------------------------------------------------------
+
 
 def _checked_table(path: Path, agents: AgentRange, required: Sequence[str],
                    read: Sequence[str]) -> pa.Table:
@@ -78,7 +62,7 @@ def _checked_table(path: Path, agents: AgentRange, required: Sequence[str],
     except FileNotFoundError:
         raise CorruptFile(path, "missing") from None
     except (pa.ArrowException, OSError) as exc:
-        raise CorruptFile(path, f"not a readable Parquet file ({_reason(exc)})") from None
+        raise CorruptFile(path, f"not a readable Parquet file ({error_reason(exc)})") from None
     ids = table.column("agent_id")
     if ids.null_count or not pa.types.is_integer(ids.type):
         raise CorruptFile(path, "agent_id is not a column of integers")
@@ -99,7 +83,7 @@ def read_part(path: Path, agents: AgentRange, columns: Sequence[str] = (),
     try:
         return table.to_pandas()
     except (pa.ArrowException, ValueError) as exc:
-        raise CorruptFile(path, f"unreadable columns ({_reason(exc)})") from None
+        raise CorruptFile(path, f"unreadable columns ({error_reason(exc)})") from None
 
 
 def check_part(path: Path, agents: AgentRange, columns: Sequence[str] = ()) -> None:
@@ -139,64 +123,13 @@ def read_summary(path: Path, columns: Sequence[str]) -> pd.DataFrame:
     except FileNotFoundError:
         raise CorruptFile(path, "missing") from None
     except (pa.ArrowException, OSError, ValueError) as exc:
-        raise CorruptFile(path, f"not a readable Parquet file ({_reason(exc)})") from None
+        raise CorruptFile(path, f"not a readable Parquet file ({error_reason(exc)})") from None
     missing = [c for c in columns if c not in summary.columns]
     if missing:
         raise CorruptFile(path, f"no column {', '.join(missing)}")
     if not pd.api.types.is_integer_dtype(summary["round"]):
         raise CorruptFile(path, "the round column is not integers")
     return summary
-
-
-# --- JSON files (run.json, and the UI's cluster state files) -------------------------------------
-
-NonNegative = Annotated[int, Field(ge=0)]
-ProcessId = Annotated[int, Field(ge=1)]  # never 0 or negative: os.kill would reach a group
-
-
-class StrictRecord(BaseModel):
-    """The shape of a JSON record as simpipe writes it. Strict: "12" is not a count and true
-    is not a number; unknown keys are kept as they are."""
-
-    model_config = ConfigDict(strict=True, extra="allow")
-
-
-_JSON_KINDS = {list: "array", str: "string", int: "number", float: "number", bool: "boolean",
-               type(None): "null"}
-
-
-def _first_error(exc: ValidationError) -> str:
-    err = exc.errors()[0]
-    where = ".".join(str(p) for p in err["loc"] if p != "[key]")
-    got = repr(err.get("input"))
-    got = got if len(got) <= 40 else got[:37] + "..."
-    return f"{where}: {err['msg'].lower()} (found {got})"
-
-
-def read_json_record(path: Path, model: type[StrictRecord], max_bytes: int) -> dict[str, Any]:
-    """A JSON object file as a dict whose fields have ``model``'s types; CorruptFile when it
-    is missing, bigger than ``max_bytes``, not a JSON object or a field has the wrong type."""
-    try:
-        size = path.stat().st_size
-        if size > max_bytes:
-            raise CorruptFile(path, f"{size:,} bytes, more than such a file holds ({max_bytes:,})")
-        data = json.loads(path.read_bytes())
-    except FileNotFoundError:
-        raise CorruptFile(path, "missing") from None
-    except UnicodeDecodeError:
-        raise CorruptFile(path, "not UTF-8 text") from None
-    except json.JSONDecodeError as exc:
-        raise CorruptFile(path, f"not valid JSON ({exc.msg}, line {exc.lineno})") from None
-    except (OSError, RecursionError) as exc:
-        raise CorruptFile(path, f"unreadable ({_reason(exc)})") from None
-    if not isinstance(data, dict):
-        raise CorruptFile(path, f"a JSON {_JSON_KINDS.get(type(data), 'value')}, "
-                                "expected an object")
-    try:
-        model.model_validate(data)
-    except ValidationError as exc:
-        raise CorruptFile(path, _first_error(exc)) from None
-    return data
 
 
 # --- run.json -----------------------------------------------------------------------------------
@@ -271,5 +204,5 @@ def run_game(ledger: dict[str, Any], ledger_path: Path) -> Game:
     try:
         return game_from_dict(raw)
     except ValueError as exc:
-        problem = _first_error(exc) if isinstance(exc, ValidationError) else str(exc)
+        problem = first_error(exc) if isinstance(exc, ValidationError) else str(exc)
         raise CorruptFile(ledger_path, f"config.game: {problem}") from None

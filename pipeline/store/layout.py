@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from simpipe.store.files import TEMP_SUFFIX
+from simpipe.files import TEMP_SUFFIX
 
 PART_DIGITS = 5  # part-00003.parquet: lexical order is partition order
 

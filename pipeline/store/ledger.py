@@ -16,7 +16,7 @@ from typing import Any
 
 from simpipe.config import Config
 from simpipe.errors import SimpipeError
-from simpipe.store.files import write_json_atomic
+from simpipe.files import write_json_atomic
 from simpipe.store.integrity import MAX_LEDGER_BYTES, CorruptFile, StrictRecord, read_json_record
 from simpipe.store.layout import RunPaths, is_run_entry
 

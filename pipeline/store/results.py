@@ -1,7 +1,7 @@
 """Reading a run's results back (the public layout, with pandas).
 
 ``read_summary`` and ``read_ledger`` check what they read: a corrupt file raises
-``simpipe.store.integrity.CorruptFile`` (a ValueError) naming it.
+``simpipe.records.CorruptFile`` (a ValueError) naming it.
 """
 
 from __future__ import annotations

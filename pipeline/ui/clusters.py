@@ -1,6 +1,6 @@
 """Clusters started with ``simpipe cluster up``: a thin adapter over ``simpipe.cluster``.
 
-The state files and the status/down logic belong to ``simpipe.cluster.lifecycle``; this
+The state files and the status/down logic belong to ``simpipe.run.lifecycle``; this
 module only lists them, validates names (the cluster module's own rule) and state files
 (a broken one is listed with state ``broken`` and the problem, and nothing is done with it)
 and keeps the (comparatively slow: squeue, a Dask client, server probes) status calls from
@@ -15,7 +15,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from simpipe.cluster import lifecycle, slurm
+from simpipe.cluster import slurm
 from simpipe.cluster.state import (
     StateError,
     check_name,
@@ -23,6 +23,7 @@ from simpipe.cluster.state import (
     pid_alive,
     read_state_file,
 )
+from simpipe.run import lifecycle
 from simpipe.store.integrity import CorruptFile
 from simpipe.ui.security import OutsideRoot, UnsafeName, contained, http_url, safe_child
 

@@ -108,7 +108,7 @@ def test_cluster_up_run_failover_down(tmp_path: Path, simpipe_home: Path,
         time.sleep(0.5)
     assert _server_processes() == []
     managers = [p for p in psutil.process_iter(["cmdline"])
-                if " ".join(p.info["cmdline"] or []).endswith("simpipe.cluster.manager t")]
+                if " ".join(p.info["cmdline"] or []).endswith("simpipe.run.manager t")]
     assert managers == []
 
 

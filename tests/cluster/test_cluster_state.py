@@ -12,17 +12,17 @@ from pathlib import Path
 import pytest
 
 from simpipe.cluster.config import SlurmClusterConfig
-from simpipe.cluster.executor import ClusterExecutor
 from simpipe.cluster.state import (
     StateError,
     read_section,
     read_state,
     section_path,
-    simpipe_home,
     state_path,
     write_section,
     write_state,
 )
+from simpipe.home import simpipe_home
+from simpipe.run.executor import ClusterExecutor
 
 from support import small_config
 
@@ -101,7 +101,7 @@ def test_the_manager_marks_its_cluster_failed_when_the_section_is_damaged(
         simpipe_home: Path) -> None:
     section_path("c").parent.mkdir(parents=True)
     section_path("c").write_text('{"kind": "slurm", "memory": "lots"}')
-    proc = subprocess.run([sys.executable, "-m", "simpipe.cluster.manager", "c"],
+    proc = subprocess.run([sys.executable, "-m", "simpipe.run.manager", "c"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     state = read_state("c")

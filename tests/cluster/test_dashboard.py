@@ -16,7 +16,7 @@ from simpipe.cluster.config import (
     SlurmClusterConfig,
 )
 from simpipe.cluster.connect import slurm_cluster
-from simpipe.cluster.executor import cluster_client
+from simpipe.run.executor import cluster_client
 
 
 def listening() -> set[tuple[str, int]]:

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from simpipe.cluster import lifecycle
 from simpipe.cluster.process_identity import check_manager, own_identity, signal_manager
 from simpipe.cluster.state import StateError, pid_alive, state_path
+from simpipe.run import lifecycle
 
 from support import one_error_line, simpipe_cli
 
@@ -74,7 +74,7 @@ time.sleep(300)
 
 
 def test_down_stops_the_process_that_recorded_itself(tmp_path, monkeypatch):
-    # What cluster/manager.py does at start, without SLURM: record own_identity().
+    # What pipeline/run/manager.py does at start, without SLURM: record own_identity().
     monkeypatch.setenv("SIMPIPE_HOME", str(tmp_path))
     manager = subprocess.Popen([sys.executable, "-c", MANAGER, "real"],
                                env={**os.environ, "SIMPIPE_HOME": str(tmp_path)})

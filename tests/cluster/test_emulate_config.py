@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from simpipe.cluster.emulate import EmulateError, Site, emulate_config
 from simpipe.cluster.servers import server_job_script
 from simpipe.cluster.slurm import Partition
 from simpipe.config import ConfigError, load_config
+from simpipe.run.emulate import EmulateError, Site, emulate_config
 
 REPO = Path(__file__).resolve().parents[2]
 TGI = REPO / "examples/slurm-gpu-tgi.toml"

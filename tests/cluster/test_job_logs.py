@@ -76,7 +76,7 @@ def test_cluster_up_logs_to_the_cluster_folder_and_down_stops_its_manager(
     try:
         state = json.loads((simpipe_home / "clusters" / "t13.json").read_text())
         assert check_manager(state).verdict == "ours"
-        assert state["manager_cmdline"][-3:] == ["-m", "simpipe.cluster.manager", "t13"]
+        assert state["manager_cmdline"][-3:] == ["-m", "simpipe.run.manager", "t13"]
     finally:
         simpipe("cluster", "down", "t13", cwd=cwd, home=simpipe_home)
     assert check_manager(state).verdict == "gone"

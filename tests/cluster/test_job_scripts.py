@@ -10,10 +10,10 @@ from dask_jobqueue.slurm import SLURMJob
 from simpipe.cluster.batch import BatchOptions, batch_script
 from simpipe.cluster.config import SlurmClusterConfig, memory_mib
 from simpipe.cluster.connect import slurm_cluster_kwargs
-from simpipe.cluster.endpoints import emulate_node, is_local
 from simpipe.cluster.servers import server_command, server_job_script
 from simpipe.cluster.state import run_target
 from simpipe.config import ConfigError, load_config
+from simpipe.inference.endpoints import emulate_node, is_local
 
 from support import one_error_line, simpipe_cli
 
@@ -138,7 +138,7 @@ def test_which_endpoints_are_on_this_node() -> None:
 
 
 def test_the_endpoint_pool_prefers_this_nodes_server_while_it_has_room() -> None:
-    """What cluster.endpoints' docstring promises: the pool orders endpoints itself (this
+    """What inference.endpoints' docstring promises: the pool orders endpoints itself (this
     node's first, least loaded), the other nodes' servers take the overflow and fail-over."""
     from simpipe.inference.http import EndpointPool
     from simpipe.inference.settings import TgiSettings
@@ -179,5 +179,5 @@ def test_run_target() -> None:
              "endpoint_backend": "openai",
              "servers": [{"url": "http://a:1", "healthy": True}, {"url": "http://b:2",
                                                                   "healthy": False}]}
-    assert run_target(state, "openai") == ("tcp://1.2.3.4:5", ["http://a:1"])
-    assert run_target(state, "scripted") == ("tcp://1.2.3.4:5", [])
+    assert run_target(state, "openai", True) == ("tcp://1.2.3.4:5", ["http://a:1"])
+    assert run_target(state, "scripted", False) == ("tcp://1.2.3.4:5", [])

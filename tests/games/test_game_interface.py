@@ -1,18 +1,25 @@
 """What every game promises the round loop, the report and the web page (one contract,
-checked for each registered game)."""
+checked for each registered game and for the minimum-effort example of docs/extending.md,
+built from that page's own code: a game that writes only its rules gets the rest from the
+defaults)."""
 
 from __future__ import annotations
 
 import os
+import re
+import types
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from simpipe.games.base import ScriptedSettings, Turn
+from simpipe.games import config as game_config
+from simpipe.games.base import Game, ScriptedSettings, Turn
 from simpipe.games.config import GAME_CONFIGS, BeautyContestConfig, PublicGoodsConfig
 from simpipe.games.prompts import PromptBuilder
 from simpipe.games.registry import GAMES, game_for, game_from_dict
+
+from support import REPO
 
 CONFIGS = [BeautyContestConfig(rounds=4, group_size=5), PublicGoodsConfig(rounds=4)]
 SETTINGS = ScriptedSettings()
@@ -28,9 +35,43 @@ def config(request):
     return request.param
 
 
-def play(config, rounds: int, partitions: int = 3):
+def docs_example(monkeypatch: pytest.MonkeyPatch) -> Game:
+    """The minimum-effort game of docs/extending.md "Adding a game", from the page's code
+    blocks: its table where the page puts it (``games/config.py``), its class registered."""
+    page = (REPO / "docs" / "extending.md").read_text("utf-8")
+    blocks = re.findall(r"```python\n(.*?)```", page, re.S)
+    table = next(b for b in blocks if "class MinimumEffortConfig(" in b)
+    code = next(b for b in blocks if "class MinimumEffort(Game)" in b)
+    namespace = dict(vars(game_config))
+    exec(table, namespace)
+    monkeypatch.setattr(game_config, "MinimumEffortConfig", namespace["MinimumEffortConfig"],
+                        raising=False)
+    module = types.ModuleType("minimum_effort_game")
+    exec(code, module.__dict__)
+    monkeypatch.setitem(GAMES, "minimum_effort", module.MinimumEffort)
+    return game_for(namespace["MinimumEffortConfig"](rounds=4))
+
+
+@pytest.fixture(params=[*CONFIGS, "docs example"],
+                ids=lambda c: c if isinstance(c, str) else c.kind)
+def game(request, monkeypatch: pytest.MonkeyPatch) -> Game:
+    """Each registered game, and the docs' example game (nothing but its rules)."""
+    if request.param == "docs example":
+        return docs_example(monkeypatch)
+    return game_for(request.param)
+
+
+def test_the_docs_example_writes_only_the_rules(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Everything it leaves out has a default; what it writes is abstract in ``Game``."""
+    example = type(docs_example(monkeypatch))
+    written = {name for name in vars(example) if callable(vars(example)[name])}
+    assert written == set(Game.__abstractmethods__)
+    assert not example.__abstractmethods__
+
+
+def play(game: Game, rounds: int, partitions: int = 3):
     """Scripted rounds through the interface: (answers per round, summary)."""
-    game = game_for(config)
+    config = game.config
     groups = np.arange(N) % (N // config.group_size)
     own = np.empty((N, 0))
     summary = pd.DataFrame()
@@ -50,18 +91,16 @@ def play(config, rounds: int, partitions: int = 3):
     return own, summary
 
 
-def test_scripted_answers_are_valid_answers(config) -> None:
-    game = game_for(config)
-    own, _ = play(config, 3)
+def test_scripted_answers_are_valid_answers(game) -> None:
+    own, _ = play(game, 3)
     low, high = game.answer().bounds
     valid = own[~np.isnan(own)]
     assert valid.min() >= low and valid.max() <= high
 
 
-def test_the_reduce_is_exact_whatever_the_partitions(config) -> None:
-    game = game_for(config)
-    _, summary = play(config, 2, partitions=1)
-    _, again = play(config, 2, partitions=5)
+def test_the_reduce_is_exact_whatever_the_partitions(game) -> None:
+    _, summary = play(game, 2, partitions=1)
+    _, again = play(game, 2, partitions=5)
     # Scripted draws depend on the partition; replay the same rows split differently.
     rng = np.random.default_rng(0)
     answers = rng.integers(0, 21, N).astype(float)
@@ -77,18 +116,17 @@ def test_the_reduce_is_exact_whatever_the_partitions(config) -> None:
     assert tuple(summary.columns) == tuple(again.columns) == game.summary_columns
 
 
-def test_each_group_is_told_its_own_feedback(config) -> None:
-    game = game_for(config)
-    _, summary = play(config, 2)
+def test_each_group_is_told_its_own_feedback(game) -> None:
+    _, summary = play(game, 2)
     table = game.feedback_table(summary, int(summary["group_id"].max()) + 1, 2)
     told = table[summary["group_id"], summary["round"]]
     np.testing.assert_array_equal(told, summary[game.feedback_column].to_numpy())
 
 
 @pytest.mark.parametrize("style", ["completion", "chat"])
-def test_prompts_share_the_prefix_and_grow_append_only(config, style) -> None:
-    game = game_for(config)
-    own, summary = play(config, 3)
+def test_prompts_share_the_prefix_and_grow_append_only(game, style) -> None:
+    config = game.config
+    own, summary = play(game, 3)
     groups = np.arange(N) % (N // config.group_size)
     feedback = game.feedback_table(summary, int(groups.max()) + 1, 3)[groups]
     builder = PromptBuilder(config, style)
@@ -107,8 +145,8 @@ def test_prompts_share_the_prefix_and_grow_append_only(config, style) -> None:
         assert later.startswith(earlier[:earlier.index(f"Round {r + 1} of")].rstrip("\n"))
 
 
-def test_the_answer_format_admits_exactly_the_range(config) -> None:
-    answer = game_for(config).answer()
+def test_the_answer_format_admits_exactly_the_range(game) -> None:
+    answer = game.answer()
     low, high = (int(b) for b in answer.bounds)
     texts = [f" {v}" for v in range(low, high + 1)]
     values, statuses = answer.parse_many(texts)
@@ -117,9 +155,8 @@ def test_the_answer_format_admits_exactly_the_range(config) -> None:
     assert not answer.language().is_prefix(f" {high + 1}")
 
 
-def test_what_is_shown_of_a_round(config) -> None:
-    game = game_for(config)
-    _, summary = play(config, 3)
+def test_what_is_shown_of_a_round(game) -> None:
+    _, summary = play(game, 3)
     rows0 = summary[summary["round"] == 0]
     numbers = game.round_numbers(rows0)
     assert numbers["mean"] is not None and game.round_text(rows0, numbers)
@@ -150,8 +187,8 @@ def test_a_run_json_game_table_gives_the_game_back(config) -> None:
     assert human is not None and "American Economic Review" in human.citation
 
 
-def test_histogram_bins_cover_the_answer_range(config) -> None:
-    answer = game_for(config).answer()
+def test_histogram_bins_cover_the_answer_range(game) -> None:
+    answer = game.answer()
     low, high = answer.bounds
     edges = answer.bin_edges(20)
     assert edges[0] <= low and edges[-1] >= high and np.all(np.diff(edges) > 0)

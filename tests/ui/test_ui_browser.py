@@ -19,7 +19,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from simpipe.cluster import lifecycle, slurm
+from simpipe.cluster import slurm
+from simpipe.run import lifecycle
 from simpipe.run.simulation import run_simulation
 from simpipe.servers.stub import StubProcess
 

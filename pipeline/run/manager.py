@@ -3,7 +3,7 @@ SLURMCluster's scheduler runs here, on the login node, as dask-jobqueue intends)
 the workers and the servers, keeps the state file current, and on SIGTERM cancels every job
 it started.
 
-    python -m simpipe.cluster.manager NAME
+    python -m simpipe.run.manager NAME
 
 reads the ``[cluster]`` section ``simpipe cluster up`` kept (``simpipe.cluster.state``).
 """
@@ -19,11 +19,11 @@ from typing import Any
 
 from simpipe.cluster import servers as srv
 from simpipe.cluster.config import SlurmClusterConfig
-from simpipe.cluster.executor import SlurmExecutor
 from simpipe.cluster.process_identity import own_identity
 from simpipe.cluster.state import job_log_dir, read_section, update_state, worker_job_name
 from simpipe.config import Config
 from simpipe.errors import SimpipeError
+from simpipe.run.executor import SlurmExecutor
 
 REFRESH_S = 2.0
 
@@ -98,7 +98,7 @@ def serve(name: str) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        print("usage: python -m simpipe.cluster.manager NAME", file=sys.stderr)
+        print("usage: python -m simpipe.run.manager NAME", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.WARNING)
     return serve(args[0])

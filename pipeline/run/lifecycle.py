@@ -1,5 +1,5 @@
 """``simpipe cluster up | status | down`` as library functions returning data (the CLI only
-prints them): start the manager (``simpipe.cluster.manager``), read what it built, stop it."""
+prints them): start the manager (``simpipe.run.manager``), read what it built, stop it."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ from typing import Any
 from simpipe.cluster import servers as srv
 from simpipe.cluster import slurm
 from simpipe.cluster.config import SlurmClusterConfig
-from simpipe.cluster.executor import emulated, require_slurm
 from simpipe.cluster.process_identity import check_manager, signal_manager
 from simpipe.cluster.state import (
     StateError,
@@ -28,6 +27,7 @@ from simpipe.cluster.state import (
     write_section,
 )
 from simpipe.config import Config, run_job_log_dir
+from simpipe.run.executor import emulated
 
 
 @dataclass
@@ -49,11 +49,11 @@ def up(config: Config, name: str, *, emulate: bool = False,
     held by a manager process that outlives this call) and wait until it is ready.
     ``emulate``: its servers are emulated GPUs (``--emulate``); ``on_progress`` is told each
     phase of its start."""
-    require_slurm(config, "simpipe cluster up")
+    slurm.require_slurm(config.cluster, "simpipe cluster up")
     notes: list[str] = []
     if emulate:
         config = emulated(config, say=notes.append)
-        require_slurm(config, "simpipe cluster up --emulate")  # no SLURM answered
+        slurm.require_slurm(config.cluster, "simpipe cluster up --emulate")  # no SLURM answered
     cluster = config.cluster
     if cluster.log_directory == str(run_job_log_dir(config.run.output_dir, config.run.name)):
         # A persistent cluster outlives any run: its jobs log to the cluster's own folder.
@@ -80,7 +80,7 @@ def _start_manager(cfg: SlurmClusterConfig, name: str,
     write_section(name, cfg)
     log = open(manager_log(name), "ab")  # no `with`: handed to the child, closed below
     # A new session: the manager outlives this command and ignores the terminal's Ctrl-C.
-    proc = subprocess.Popen([sys.executable, "-m", "simpipe.cluster.manager", name],
+    proc = subprocess.Popen([sys.executable, "-m", "simpipe.run.manager", name],
                             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                             start_new_session=True, close_fds=True)
     log.close()

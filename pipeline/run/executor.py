@@ -22,11 +22,11 @@ as it runs there) and ``progress`` (told as things come up). The classes:
 - ``BatchExecutor``: inside a ``simpipe sbatch`` job (the job's first step started the
   servers; rank 0 is the scheduler, rank 1 the run, the other ranks workers);
 - ``EmulatedExecutor``: ``--emulate``, a wrapper around any of them whose config has its
-  servers replaced by emulated GPUs (``simpipe.cluster.emulate``);
+  servers replaced by emulated GPUs (``simpipe.run.emulate``);
 - ``OwnClientExecutor``: a caller's own client; nothing is started or stopped.
 
 The persistent cluster's manager process is a ``SlurmExecutor`` too
-(``simpipe.cluster.manager``). Lines for the user go to ``say`` (``print`` unless given).
+(``simpipe.run.manager``). Lines for the user go to ``say`` (``print`` unless given).
 """
 
 from __future__ import annotations
@@ -39,14 +39,15 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from simpipe.backends import BACKENDS
 from simpipe.cluster import dashboard_off, slurm
 from simpipe.cluster import servers as srv
 from simpipe.cluster.config import AddressClusterConfig, ClusterConfig, ServersConfig
-from simpipe.cluster.emulate import SUFFIX, Site, emulate_config, probe_site
 from simpipe.cluster.servers import ServerError
 from simpipe.cluster.state import StateError, read_section, read_state, run_target
 from simpipe.config import Config, ConfigError
 from simpipe.errors import SimpipeError
+from simpipe.run.emulate import SUFFIX, Site, emulate_config, probe_site
 
 if TYPE_CHECKING:  # distributed is imported when a client is made: `simpipe validate` is light
     from distributed import Client
@@ -291,7 +292,8 @@ class ClusterExecutor(AddressExecutor):
         if read_section(name).servers.plugin.emulator and not self.emulate:
             raise StateError(f"cluster {name!r} serves emulated GPUs: add --emulate "
                              "(its results then go to <run.name>-emulated)")
-        scheduler, self._urls = run_target(state, config.agents.backend)
+        scheduler, self._urls = run_target(
+            state, config.agents.backend, BACKENDS[config.agents.backend].takes_endpoints)
         servers = (config.cluster.servers if config.cluster.servers.plugin.emulator
                    else ServersConfig())
         return config.with_sections(f"--cluster {name}", cluster=AddressClusterConfig(
@@ -312,7 +314,7 @@ class BatchExecutor(Executor):
     which then waits for the workers and for the servers the job's first step started."""
 
     def prepare(self, config: Config) -> Config:
-        require_slurm(config, "simpipe sbatch")
+        slurm.require_slurm(config.cluster, "simpipe sbatch")
         return super().prepare(config)
 
     def connect(self, stack: ExitStack) -> Client:
@@ -357,7 +359,7 @@ class BatchExecutor(Executor):
 
 class EmulatedExecutor(Executor):
     """``--emulate``: a dry run on any of the others, its servers emulated GPUs and its
-    results in ``<run.name>-emulated`` (``simpipe.cluster.emulate``; each change said in
+    results in ``<run.name>-emulated`` (``simpipe.run.emulate``; each change said in
     one line). ``cluster_name``: on that persistent cluster (which already runs: nothing
     is placed); otherwise the kind of the emulated config's ``[cluster]`` chooses."""
 
@@ -445,7 +447,7 @@ def cluster_client(cluster: ClusterConfig, *, say: Say | None = None) -> Iterato
 
 
 def emulated(config: Config, *, place: bool = True, say: Say | None = None) -> Config:
-    """``--emulate``'s dry-run config (``simpipe.cluster.emulate.emulate_config``), its notes
+    """``--emulate``'s dry-run config (``simpipe.run.emulate.emulate_config``), its notes
     said one line each. ``place``: also decide where workers and emulators run (asks SLURM);
     not for a persistent cluster, which already runs."""
     config, notes = emulate_config(config, probe_site() if place else Site(None), place)
@@ -454,9 +456,3 @@ def emulated(config: Config, *, place: bool = True, say: Say | None = None) -> C
     return config
 
 
-def require_slurm(config: Config, command: str) -> None:
-    """The one check of the commands that need SLURM workers (``simpipe sbatch``, ``cluster
-    up``): ``cluster.kind = "slurm"``, else a ConfigError naming the kind."""
-    if config.cluster.kind != "slurm":
-        raise ConfigError(f'{command} needs cluster.kind = "slurm" (got '
-                          f'"{config.cluster.kind}")')

@@ -28,10 +28,10 @@ from typing import Any
 from simpipe.backends import BACKENDS, endpoint_backends
 from simpipe.cluster import slurm
 from simpipe.cluster.config import ServersConfig, memory_mib
-from simpipe.cluster.endpoints import is_local
 from simpipe.cluster.server_kinds import SERVER_KINDS
 from simpipe.config import Config, config_from_dict
 from simpipe.errors import SimpipeError
+from simpipe.inference.endpoints import is_local
 
 SUFFIX = "-emulated"
 #: The server kind that replaces the configured one.
