@@ -20,6 +20,7 @@ from pydantic import (
     Discriminator,
     Field,
     FiniteFloat,
+    StrictBool,
     StrictInt,
     Tag,
     TypeAdapter,
@@ -81,7 +82,7 @@ class BeautyContestConfig(GameSettings):
         "the lowest allowed guess; below `high`"))
     high: FiniteFloat = Field(100.0, ge=-VALUE_LIMIT, le=VALUE_LIMIT, description=(
         "the highest allowed guess"))
-    disclose_variant: bool = Field(False, description=(
+    disclose_variant: StrictBool = Field(False, description=(
         "tell the agents the game is a variant of \"guess 2/3 of the average\""))
 
     @field_validator("ratio", mode="before")
