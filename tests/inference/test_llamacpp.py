@@ -121,10 +121,10 @@ def test_same_batch_gives_same_texts_when_serial(n_parallel: int, serial: bool) 
 
 def test_bad_model_path_names_the_config_key(tmp_path):
     missing = tmp_path / "nope.gguf"
-    with pytest.raises(FileNotFoundError) as info:
+    with pytest.raises(ValueError) as info:  # refused when the settings are read
         LlamaCppBackend(LlamaCppSettings(model_path=str(missing)))
     message = str(info.value)
-    assert "agents.llamacpp.model_path" in message and str(missing) in message
+    assert "model_path" in message and str(missing) in message
 
 
 def test_default_model_path_is_reused(tmp_path, monkeypatch):
@@ -137,7 +137,9 @@ def test_default_model_path_is_reused(tmp_path, monkeypatch):
     fresh = default_model_path()
     assert fresh == tmp_path / "models" / path.name
     assert fresh.stat().st_size == path.stat().st_size
-    assert [p.name for p in fresh.parent.iterdir()] == [path.name]  # no temp files left
+    # No temp files left: the model and the record of its verified hash.
+    assert sorted(p.name for p in fresh.parent.iterdir()) == sorted(
+        [path.name, f".{path.name}.sha256.json"])
 
 
 def _post(url: str, body: dict) -> dict:
