@@ -11,6 +11,7 @@ import urllib.request
 
 import pytest
 
+from simpipe.config import ConfigError, config_from_dict
 from simpipe.games.answers import NumberAnswer
 from simpipe.inference.base import GenerationRequest, OutputConstraint
 from simpipe.inference.llamacpp import LlamaCppBackend, default_model_path, resolve_model_path
@@ -121,10 +122,11 @@ def test_same_batch_gives_same_texts_when_serial(n_parallel: int, serial: bool) 
 
 def test_bad_model_path_names_the_config_key(tmp_path):
     missing = tmp_path / "nope.gguf"
-    with pytest.raises(ValueError) as info:  # refused when the settings are read
-        LlamaCppBackend(LlamaCppSettings(model_path=str(missing)))
+    with pytest.raises(ConfigError) as info:  # refused when the config is read
+        config_from_dict({"agents": {"backend": "llamacpp",
+                                     "llamacpp": {"model_path": str(missing)}}})
     message = str(info.value)
-    assert "model_path" in message and str(missing) in message
+    assert "agents.llamacpp.model_path" in message and str(missing) in message
 
 
 def test_default_model_path_is_reused(tmp_path, monkeypatch):
