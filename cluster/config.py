@@ -8,6 +8,7 @@ discriminated on ``kind``.
 
 from __future__ import annotations
 
+import datetime
 import math
 import re
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ from dask.utils import parse_bytes
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Discriminator,
     Field,
@@ -88,11 +90,17 @@ def walltime_text(text: str) -> str:
     return text
 
 
+def toml_time_as_text(value: Any) -> Any:
+    """An unquoted ``00:30:00`` is a TOML time, not a string: taken as the text written."""
+    return value.isoformat() if isinstance(value, datetime.time) else value
+
+
 # Config field types: the value as written, checked when the config is read.
 MemoryAmount = Annotated[str, AfterValidator(memory_amount)]
-Walltime = Annotated[str, AfterValidator(walltime_text)]
+Walltime = Annotated[str, BeforeValidator(toml_time_as_text), AfterValidator(walltime_text)]
 # "" means: the default the field's comment names.
-WalltimeOrDefault = Annotated[str, AfterValidator(lambda text: text and walltime_text(text))]
+WalltimeOrDefault = Annotated[str, BeforeValidator(toml_time_as_text),
+                              AfterValidator(lambda text: text and walltime_text(text))]
 
 
 def memory_mib(text: str, key: str) -> int:

@@ -21,6 +21,7 @@ from pydantic import (
     Field,
     FiniteFloat,
     SerializerFunctionWrapHandler,
+    StrictBool,
     StrictInt,
     Tag,
     TypeAdapter,
@@ -91,7 +92,7 @@ class BeautyContestConfig(GameSettings):
         "the lowest allowed guess; below `high`"))
     high: FiniteFloat = Field(100.0, ge=-VALUE_LIMIT, le=VALUE_LIMIT, description=(
         "the highest allowed guess"))
-    disclose_variant: bool = Field(False, description=(
+    disclose_variant: StrictBool = Field(False, description=(
         "tell the agents the game is a variant of \"guess 2/3 of the average\""))
     rational_players: bool = Field(False, description=(
         "tell the agents that every player is rational"))

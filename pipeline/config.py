@@ -8,9 +8,14 @@ what is allowed.
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import json
+import os
 import re
+import reprlib
+import stat
+import sys
 import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar, get_args, get_origin
@@ -21,6 +26,7 @@ from pydantic import (
     ConfigDict,
     Field,
     FiniteFloat,
+    StrictBool,
     StrictInt,
     Tag,
     ValidationError,
@@ -50,6 +56,12 @@ from simpipe.personas.meta_prompt import prompt_hash
 # The largest TOML integer. Every use of the seed takes it: numpy's SeedSequence (any
 # integer >= 0) and the per-agent request seeds, computed in uint64 (simpipe.agents.llm).
 SEED_MAX = 2**63 - 1
+# A config is a few KiB (the largest example: 2.4 KiB). The bound keeps a wrong file (a
+# log, /dev/zero, a 50 MB value) from being read whole and echoed back.
+MAX_CONFIG_BYTES = 2**20
+# Error lines show at most this many characters of a value, a key or a message.
+_SHOWN_CHARS = 200
+_MESSAGE_CHARS = 300
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -98,11 +110,11 @@ class _Agents(SamplingSettings):
         "a prompt is shared when at least this many agents of a partition have it; the others "
         "get one call each, made one at a time so that runs stay reproducible. A shared "
         "distribution costs about as much as five calls (a tree of ~22 one-token probes)"))
-    reproducible: bool = Field(False, description=(
+    reproducible: StrictBool = Field(False, description=(
         "one call per agent, made one at a time from a clean slot (embedded llama.cpp): the "
         "same seed gives the same answers with any `n_parallel`, at the cost of batching. "
         "Shared answers are reproducible without it"))
-    max_raw_chars: int = Field(4096, ge=0, le=2**20, description=(
+    max_raw_chars: StrictInt = Field(4096, ge=0, le=2**20, description=(
         "characters of each answer stored in the `raw` column; the number is parsed from the "
         "whole answer, and a longer one is stored as its prefix with `raw_truncated = true`"))
 
@@ -267,15 +279,15 @@ def persona_agents_config(raw: dict[str, Any]) -> AgentsConfig:
     key = "population.persona.agents"
     unknown = sorted(set(raw) - set(_PERSONA_AGENT_KEYS))
     if unknown:
-        raise ValueError(f"unknown key {key}.{unknown[0]}; allowed here: "
+        raise ValueError(f"unknown key {key}.{_cut(unknown[0], _SHOWN_CHARS)}; allowed here: "
                          f"{', '.join(_PERSONA_AGENT_KEYS)} (sampling: population.persona."
                          "temperature, top_p, max_tokens)")
     try:
         agents = AgentsConfig.model_validate({"backend": DEFAULT_PERSONA_BACKEND, **raw})
     except ValidationError as exc:
         err = exc.errors(include_url=False)[0]
-        where = ".".join([key, *map(str, err["loc"])])
-        raise ValueError(f"{where}: {err['msg']}") from None
+        where = _cut(".".join([key, *map(str, err["loc"])]), _SHOWN_CHARS)
+        raise ValueError(f"{where}: {_cut(err['msg'], _MESSAGE_CHARS)}") from None
     if not agents.plugin.is_llm:
         raise ValueError(f"{key}.backend = {agents.backend!r}: personas need an LLM; "
                          f"allowed: {', '.join(llm_backends())}")
@@ -293,20 +305,20 @@ def _digest(data: Any) -> str:
 def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Config:
     """Read a TOML config, apply ``key=value`` overrides, validate. Raises ConfigError."""
     path = Path(path)
+    data = _read_config_file(path)
     try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: no such config file") from None
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read the config file ({exc.strerror})") from None
-    try:
-        raw = tomllib.loads(data.decode("utf-8"))
+        text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         line = data[:exc.start].count(b"\n") + 1
         raise ConfigError(f"{path}, line {line}: not UTF-8 text (byte 0x{data[exc.start]:02x}); "
                           "TOML files are UTF-8: save it as UTF-8") from None
+    _check_dotted_depth(text, str(path))
+    try:
+        raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+        raise ConfigError(f"{path}: not valid TOML: {_cut(str(exc), _MESSAGE_CHARS)}") from None
+    except (RecursionError, ValueError) as exc:
+        raise ConfigError(f"{path}: not valid TOML: {_unreadable(exc)}") from None
     for item in overrides:
         apply_override(raw, item)
     return config_from_dict(raw, source=str(path))
@@ -326,6 +338,60 @@ def _validated_copy(model: M, source: str, update: dict[str, Any]) -> M:
         raise ConfigError("\n".join(f"{source}: {line}" for line in lines)) from None
 
 
+def _read_config_file(path: Path) -> bytes:
+    """The file's bytes: a regular file of at most MAX_CONFIG_BYTES, else ConfigError."""
+    try:
+        # O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer forever.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such config file") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read the config file ({exc.strerror})") from None
+    # Checked on the open file, so what is read is what was checked.
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise ConfigError(f"{path}: not a regular file; pass a TOML config file")
+    with os.fdopen(fd, "rb") as f:
+        try:
+            data = f.read(MAX_CONFIG_BYTES + 1)
+        except OSError as exc:
+            raise ConfigError(f"{path}: cannot read the config file ({exc.strerror})") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{path}: a config file of more than {MAX_CONFIG_BYTES // 2**20} MiB; "
+                          "simpipe configs are a few KiB: is this the right file?")
+    return data
+
+
+# tomllib's time grows with the square of a dotted key's length (`a.a.a...= 1`: 8,000 parts
+# take a second, the 500,000 a 1 MiB file holds would take hours). simpipe's keys have at
+# most 6 parts; the pattern also counts quoted parts.
+MAX_DOTTED_PARTS = 64
+# The lookbehind starts a match only where a key can start (not inside a key, not right
+# after a dot): without it a 1 MiB line of letters is scanned from each of its positions.
+# Worst case measured: 1.2 s for 1 MiB of 63-part keys with spaces around the dots.
+_DOTTED_RUN = re.compile(
+    r"""(?<![A-Za-z0-9_.-])(?>(?:[A-Za-z0-9_-]+|"[^"\n]*"|'[^'\n]*')[ \t]*\.[ \t]*)"""
+    rf"{{{MAX_DOTTED_PARTS},}}")
+
+
+def _check_dotted_depth(text: str, where: str) -> None:
+    """ConfigError when the text holds a dotted key of more than MAX_DOTTED_PARTS parts
+    (checked before tomllib reads it)."""
+    found = _DOTTED_RUN.search(text)
+    if found:
+        line = text.count("\n", 0, found.start()) + 1
+        raise ConfigError(f"{where}, line {line}: a dotted key of more than {MAX_DOTTED_PARTS} "
+                          "parts; simpipe's keys have at most 6")
+
+
+def _unreadable(exc: RecursionError | ValueError) -> str:
+    """What tomllib could not read besides syntax: tables or arrays nested deeper than
+    Python's recursion allows, and integers longer than int() converts."""
+    if isinstance(exc, RecursionError):
+        return "tables or arrays nested too deeply"
+    return f"an integer with more than {sys.get_int_max_str_digits()} digits"
+
+
 def config_from_dict(raw: dict, source: str = "config") -> Config:
     try:
         return Config.model_validate(raw)
@@ -339,27 +405,57 @@ def apply_override(raw: dict, item: str) -> None:
     key, sep, text = item.partition("=")
     key = key.strip()
     if not sep or not key or any(not part for part in key.split(".")):
-        raise ConfigError(f"--set {item!r}: expected key=value, e.g. --set game.rounds=5")
+        raise ConfigError(f"--set {shown(item)}: expected key=value, e.g. --set game.rounds=5")
+    _check_dotted_depth(text, f"--set {shown(item)}")
     try:
         value = tomllib.loads(f"v = {text.strip()}")["v"]
     except tomllib.TOMLDecodeError:
         value = text.strip()
+    except (RecursionError, ValueError) as exc:
+        raise ConfigError(f"--set {shown(item)}: not a TOML value: {_unreadable(exc)}") from None
     node = raw
     parts = key.split(".")
     for part in parts[:-1]:
         child = node.setdefault(part, {})
         if not isinstance(child, dict):
-            raise ConfigError(f"--set {item!r}: {part!r} is a value, not a section")
+            raise ConfigError(f"--set {shown(item)}: {shown(part)} is a value, not a section")
         node = child
     node[parts[-1]] = value
+
+
+_SHORT_REPR = reprlib.Repr()
+_SHORT_REPR.maxstring = _SHORT_REPR.maxother = _SHORT_REPR.maxlong = _SHOWN_CHARS
+_SHORT_REPR.maxlevel = 3
+
+
+def shown(value: Any) -> str:
+    """A value for an error line: its repr, cut to a short prefix that says how long the
+    whole was (a 50 MB ``run.name`` is not echoed back); TOML dates and times as written."""
+    if isinstance(value, str) and len(value) > _SHOWN_CHARS:
+        return f"{value[:_SHOWN_CHARS]!r}... ({len(value):,} characters)"
+    if isinstance(value, datetime.datetime | datetime.date | datetime.time):
+        return f"{value.isoformat()} (a TOML {_toml_kind(value)})"
+    return _SHORT_REPR.repr(value)
+
+
+def _toml_kind(value: datetime.datetime | datetime.date | datetime.time) -> str:
+    if isinstance(value, datetime.datetime):
+        return "date-time"
+    return "date" if isinstance(value, datetime.date) else "time"
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
 
 
 def _error_lines(exc: ValidationError, raw: dict) -> list[str]:
     lines = []
     for err in exc.errors(include_url=False):
         keys, kinds, _ = _walk(err["loc"])
-        key = ".".join(keys) or "(top level)"
-        msg = err["msg"].removeprefix("Value error, ")
+        full_key = ".".join(keys) or "(top level)"
+        key = _cut(full_key, _SHOWN_CHARS)
+        # Validators may quote the value: the message is cut too.
+        msg = _cut(err["msg"].removeprefix("Value error, "), _MESSAGE_CHARS)
         if err["type"] == "extra_forbidden":
             section = _walk(err["loc"][:-1])[2]
             names = list(section.model_fields) if section else []
@@ -369,17 +465,22 @@ def _error_lines(exc: ValidationError, raw: dict) -> list[str]:
             chosen = [(where, kind) for where, kind in kinds if where == section_key]
             if chosen:
                 where, kind = chosen[0]
-                lines.append(f"unknown key {key!r} for {where}.kind = {kind!r}; allowed here: "
+                lines.append(f"unknown key {shown(full_key)} for {where}.kind = {kind!r}; "
+                             f"allowed here: "
                              f"{allowed} (to change the kind with --set, replace the section: "
                              f"--set '{where}={{kind=\"{kind}\", ...}}')")
             else:
-                lines.append(f"unknown key {key!r}; allowed here: {allowed}")
+                lines.append(f"unknown key {shown(full_key)}; allowed here: {allowed}")
         elif err["type"] == KIND_ERROR:
-            lines.append(f"{key}.kind = {err['input'].get('kind')!r}: {msg}")
+            lines.append(f"{key}.kind = {shown(err['input'].get('kind'))}: {msg}")
         elif err["type"] == "missing":
             lines.append(f"{key}: missing; {msg.lower()}")
         elif "input" in err and not isinstance(err["input"], dict):
-            lines.append(f"{key} = {err['input']!r}: {msg}")
+            value = err["input"]
+            if isinstance(value, datetime.datetime | datetime.date | datetime.time):
+                # An unquoted 00:30:00 or 2024-01-01 is a TOML time or date, not text.
+                msg += f"; quote it to make it text: \"{value.isoformat()}\""
+            lines.append(f"{key} = {shown(value)}: {msg}")
         else:
             lines.append(f"{key}: {msg}")
     return lines

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +20,7 @@ import numpy as np
 from simpipe.agents.base import Turn
 from simpipe.agents.llm import build_requests
 from simpipe.aio import run_async
-from simpipe.config import Config, config_from_dict
+from simpipe.config import Config, apply_override, config_from_dict
 from simpipe.inference.llamacpp import LlamaCppBackend
 from simpipe.memory import PeakMemory
 from simpipe.run.console import Console
@@ -34,9 +35,11 @@ PAPER_EDUCATION = ("Elementary School", "High School", "Bachelor's Degree", "Mas
                    "Ph.D.")
 
 
-def default_config(agents: int, rounds: int, output_dir: Path) -> Config:
-    """The paper's population (education x gender, template personas), embedded model."""
-    return config_from_dict({
+def default_config(agents: int, rounds: int, output_dir: Path,
+                   overrides: Sequence[str] = ()) -> Config:
+    """The paper's population (education x gender, template personas), embedded model;
+    ``key=value`` overrides (``--set``) applied last. ConfigError naming a bad one."""
+    raw = {
         "run": {"name": "share-bench", "seed": 42, "output_dir": str(output_dir)},
         "population": {
             "size": agents, "partitions": max(2, min(16, agents // 10_000)),
@@ -50,7 +53,10 @@ def default_config(agents: int, rounds: int, output_dir: Path) -> Config:
         "agents": {"backend": "llamacpp", "max_tokens": 6, "llamacpp": {"n_parallel": 8}},
         "cluster": {"kind": "local", "workers": 1, "threads_per_worker": 2,
                     "dashboard_address": ""},
-    })
+    }
+    for item in overrides:
+        apply_override(raw, item)
+    return config_from_dict(raw, source="bench share")
 
 
 def per_agent_reference(config: Config, sample: int) -> dict:

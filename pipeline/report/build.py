@@ -39,8 +39,7 @@ def build_report(run_dirs: Sequence[str | Path], out: str | Path | None = None,
     runs = load_runs(run_dirs)
     attributes = _choose_attributes(runs, by)
     out_dir = Path(out) if out is not None else default_out(runs)
-    (out_dir / "tables").mkdir(parents=True, exist_ok=True)
-    (out_dir / "figures").mkdir(parents=True, exist_ok=True)
+    _make_out_dirs(out_dir)
     notes: list[str] = []
     game = runs[0].game  # load_runs: every run plays the same game
     game_notes = game.report_notes()
@@ -125,6 +124,19 @@ def build_report(run_dirs: Sequence[str | Path], out: str | Path | None = None,
     report = Report(out_dir, runs, sections, figures, out_dir / "report.html", notes)
     write_html(report, FORMATS)
     return report
+
+
+def _make_out_dirs(out_dir: Path) -> None:
+    """The report's folders; ReportInputError naming the folder when they cannot be made
+    (``--out /proc/self``, a path below a file, a read-only place)."""
+    for sub in ("tables", "figures"):
+        try:
+            (out_dir / sub).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            reason = exc.strerror or type(exc).__name__
+            raise ReportInputError(
+                f"{out_dir}: cannot write the report there ({reason}: {exc.filename}); "
+                "pass --out with a folder you can write to") from None
 
 
 def default_out(runs: Sequence[RunData]) -> Path:

@@ -11,6 +11,7 @@ import urllib.request
 
 import pytest
 
+from simpipe.config import ConfigError, config_from_dict
 from simpipe.games.answers import NumberAnswer
 from simpipe.inference.base import GenerationRequest, OutputConstraint
 from simpipe.inference.llamacpp import LlamaCppBackend, default_model_path, resolve_model_path
@@ -121,8 +122,9 @@ def test_same_batch_gives_same_texts_when_serial(n_parallel: int, serial: bool) 
 
 def test_bad_model_path_names_the_config_key(tmp_path):
     missing = tmp_path / "nope.gguf"
-    with pytest.raises(FileNotFoundError) as info:
-        LlamaCppBackend(LlamaCppSettings(model_path=str(missing)))
+    with pytest.raises(ConfigError) as info:  # refused when the config is read
+        config_from_dict({"agents": {"backend": "llamacpp",
+                                     "llamacpp": {"model_path": str(missing)}}})
     message = str(info.value)
     assert "agents.llamacpp.model_path" in message and str(missing) in message
 
@@ -137,7 +139,9 @@ def test_default_model_path_is_reused(tmp_path, monkeypatch):
     fresh = default_model_path()
     assert fresh == tmp_path / "models" / path.name
     assert fresh.stat().st_size == path.stat().st_size
-    assert [p.name for p in fresh.parent.iterdir()] == [path.name]  # no temp files left
+    # No temp files left: the model and the record of its verified hash.
+    assert sorted(p.name for p in fresh.parent.iterdir()) == sorted(
+        [path.name, f".{path.name}.sha256.json"])
 
 
 def _post(url: str, body: dict) -> dict:

@@ -85,7 +85,9 @@ def test_junk_falls_back_to_the_template_and_the_cache_makes_zero_calls(dask_cli
 
 def test_generator_and_spec_are_part_of_the_cache_key(tmp_path):
     base = llm_config(tmp_path)
-    other_model = llm_config(tmp_path, agents={"llamacpp": {"model_path": "/models/x.gguf"}})
+    model = tmp_path / "x.gguf"  # a model_path must name a GGUF file: its header will do
+    model.write_bytes(b"GGUF" + bytes([3, 0, 0, 0]) + bytes(16))
+    other_model = llm_config(tmp_path, agents={"llamacpp": {"model_path": str(model)}})
     other_spec = llm_config(tmp_path, max_chars=300)
     template = llm_config(tmp_path, mode="template")
     hashes = {c.population_hash() for c in (base, other_model, other_spec, template)}
