@@ -50,9 +50,10 @@ from simpipe.run.population import ensure_population
 from simpipe.run.quiet_teardown import QuietTeardown
 from simpipe.run.round_task import ROW_COLUMNS, PartitionJob, PartitionOutcome, play_partition
 from simpipe.store.files import move_aside, remove_stale_temps, write_parquet_atomic
-from simpipe.store.integrity import CorruptFile, read_ledger, read_summary, round_problems
+from simpipe.store.integrity import CorruptFile, read_summary, round_problems
 from simpipe.store.layout import RunPaths
 from simpipe.store.ledger import Ledger, RunDirError, open_run_dir
+from simpipe.store.record import read_ledger
 
 
 class RunCancelled(SimpipeError, RuntimeError):
@@ -373,7 +374,7 @@ class _CounterWatch:
     def __init__(self, client: Client, ledger: Ledger) -> None:
         self.client = client
         self.ledger = ledger
-        self.prior = ledger.data.get("endpoints") or {}
+        self.prior = ledger.record.endpoints
         self.start = client.run(process_counters)
 
     def update(self) -> None:
@@ -389,8 +390,7 @@ class _CounterWatch:
                 slot = total.setdefault(name, {})
                 for key, value in delta.items():
                     slot[key] = slot.get(key, 0) + value
-        self.ledger.data["endpoints"] = total
-        self.ledger.save()
+        self.ledger.set_endpoints(total)
 
 
 def _rate(value: float | None) -> str:

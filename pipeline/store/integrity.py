@@ -13,10 +13,12 @@ footer (row count, schema) and its ``agent_id`` column, not a read of every colu
 from __future__ import annotations
 
 import json
+import os
 import re
+import stat
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import numpy as np
 import pandas as pd
@@ -25,11 +27,9 @@ import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from simpipe.errors import SimpipeError
-from simpipe.games.base import Game
-from simpipe.games.registry import game_from_dict
-from simpipe.personas.sampling import partition_bounds
 from simpipe.store.layout import RunPaths
 
+M = TypeVar("M", bound=BaseModel)
 AgentRange = tuple[int, int]  # [start, stop) of one partition's agent ids
 # What to do about a corrupt part or summary file: the run repairs its own files.
 RESUME_REPAIRS = "`simpipe run CONFIG --resume` moves it aside and rebuilds it"
@@ -120,15 +120,6 @@ def round_problems(paths: RunPaths, round_index: int, bounds: Sequence[AgentRang
     return problems
 
 
-def expected_bounds(ledger: dict[str, Any], ledger_path: Path) -> list[AgentRange]:
-    """The agent ids of each partition, as the run that wrote ``ledger`` laid them out."""
-    size, parts = ledger.get("n_agents"), ledger.get("n_partitions")
-    if not isinstance(size, int) or not isinstance(parts, int) or parts < 1 or size < parts:
-        raise CorruptFile(ledger_path, "n_agents / n_partitions missing or impossible: "
-                                       "the part files cannot be checked")
-    return partition_bounds(size, parts)
-
-
 # --- summary.parquet ----------------------------------------------------------------------------
 
 def read_summary(path: Path, columns: Sequence[str]) -> pd.DataFrame:
@@ -148,7 +139,7 @@ def read_summary(path: Path, columns: Sequence[str]) -> pd.DataFrame:
     return summary
 
 
-# --- JSON files (run.json, and the UI's cluster state files) -------------------------------------
+# --- JSON files (run.json, population specs, the cluster state files) --------------------------
 
 NonNegative = Annotated[int, Field(ge=0)]
 ProcessId = Annotated[int, Field(ge=1)]  # never 0 or negative: os.kill would reach a group
@@ -163,113 +154,101 @@ class StrictRecord(BaseModel):
 
 _JSON_KINDS = {list: "array", str: "string", int: "number", float: "number", bool: "boolean",
                type(None): "null"}
+_FILE_KINDS = ((stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISCHR, "a character device"),
+               (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"),
+               (stat.S_ISDIR, "a directory"))
 
 
-def _first_error(exc: ValidationError) -> str:
+def first_error(exc: ValidationError) -> str:
+    """A validation error as one line: the field, what is wrong, what was found."""
     err = exc.errors()[0]
     where = ".".join(str(p) for p in err["loc"] if p != "[key]")
     got = repr(err.get("input"))
     got = got if len(got) <= 40 else got[:37] + "..."
+    if not where:  # a rule across fields (a model validator): its message says it all
+        return str(err["msg"]).removeprefix("Value error, ")
     return f"{where}: {err['msg'].lower()} (found {got})"
 
 
-def read_json_record(path: Path, model: type[StrictRecord], max_bytes: int) -> dict[str, Any]:
-    """A JSON object file as a dict whose fields have ``model``'s types; CorruptFile when it
-    is missing, bigger than ``max_bytes``, not a JSON object or a field has the wrong type."""
+def _not_regular(path: Path, mode: int) -> CorruptFile:
+    kind = next((name for test, name in _FILE_KINDS if test(mode)), "not a plain file")
+    return CorruptFile(path, f"not a regular file ({kind})")
+
+
+def read_bounded(path: Path, max_bytes: int) -> bytes:
+    """The bytes of ``path`` if it is a regular file (a symlink to one is fine) of at most
+    ``max_bytes``; CorruptFile otherwise. Never blocks and never reads without end: a FIFO
+    or a device (a symlink to /dev/zero) is refused before it is opened, the open does not
+    wait for a FIFO's writer (one swapped in after the check is caught by ``fstat``), and at
+    most ``max_bytes + 1`` bytes are read (a file that grows while read)."""
     try:
-        size = path.stat().st_size
-        if size > max_bytes:
-            raise CorruptFile(path, f"{size:,} bytes, more than such a file holds ({max_bytes:,})")
-        data = json.loads(path.read_bytes())
+        mode = path.stat().st_mode
+        if not stat.S_ISREG(mode):  # refused unopened: opening some devices has effects
+            raise _not_regular(path, mode)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         raise CorruptFile(path, "missing") from None
+    except OSError as exc:
+        raise CorruptFile(path, f"unreadable ({exc.strerror or _reason(exc)})") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise _not_regular(path, info.st_mode)
+        if info.st_size > max_bytes:
+            raise CorruptFile(path, f"{info.st_size:,} bytes, more than such a file holds "
+                                    f"({max_bytes:,})")
+        chunks, left = [], max_bytes + 1
+        while left > 0:
+            chunk = os.read(fd, min(left, 2**20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+    except OSError as exc:
+        raise CorruptFile(path, f"unreadable ({exc.strerror or _reason(exc)})") from None
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
+    if len(data) > max_bytes:
+        raise CorruptFile(path, f"more than {max_bytes:,} bytes, more than such a file holds")
+    return data
+
+
+def read_json_object(path: Path, max_bytes: int) -> dict[str, Any]:
+    """A JSON object file (``read_bounded``); CorruptFile when it is missing, not a regular
+    file, bigger than ``max_bytes`` or not a JSON object."""
+    raw = read_bounded(path, max_bytes)
+    try:
+        data = json.loads(raw)
     except UnicodeDecodeError:
         raise CorruptFile(path, "not UTF-8 text") from None
     except json.JSONDecodeError as exc:
         raise CorruptFile(path, f"not valid JSON ({exc.msg}, line {exc.lineno})") from None
-    except (OSError, RecursionError) as exc:
-        raise CorruptFile(path, f"unreadable ({_reason(exc)})") from None
+    except RecursionError:
+        raise CorruptFile(path, "not valid JSON (nested too deeply)") from None
     if not isinstance(data, dict):
         raise CorruptFile(path, f"a JSON {_JSON_KINDS.get(type(data), 'value')}, "
                                 "expected an object")
-    try:
-        model.model_validate(data)
-    except ValidationError as exc:
-        raise CorruptFile(path, _first_error(exc)) from None
     return data
 
 
-# --- run.json -----------------------------------------------------------------------------------
-
-# run.json holds a few hundred bytes per round and endpoint; anything this big is not ours.
-MAX_LEDGER_BYTES = 16 * 2**20
-
-
-class _RoundRecord(StrictRecord):
-    complete: bool = False
-    n: NonNegative = 0
-    n_valid: NonNegative = 0
-    n_unparsed: NonNegative = 0
-    n_out_of_range: NonNegative = 0
-    n_error: NonNegative = 0
-    mean: float | None = None
-    tokens_in: NonNegative = 0
-    tokens_out: NonNegative = 0
-    elapsed_s: float | None = None
-    agents_per_s: float | None = None
-    partitions_reused: NonNegative = 0
-
-
-class _Progress(StrictRecord):
-    round: NonNegative
-    partitions_done: NonNegative = 0
-    partitions_total: NonNegative = 0
-    agents_done: NonNegative = 0
-    elapsed_s: float | None = None
-    agents_per_s: float | None = None
-
-
-class _ConfigSections(StrictRecord):
-    # Only their shape: the sections' own rules belong to simpipe.config.
-    run: dict[str, Any] | None = None
-    population: dict[str, Any] | None = None
-    game: dict[str, Any] | None = None
-    agents: dict[str, Any] | None = None
-    cluster: dict[str, Any] | None = None
-
-
-class _Ledger(StrictRecord):
-    name: str | None = None
-    state: str = "unknown"
-    config_hash: str | None = None
-    config: _ConfigSections | None = None
-    created_at: str | None = None
-    updated_at: str | None = None
-    rounds_total: NonNegative | None = None
-    n_agents: NonNegative | None = None
-    n_partitions: NonNegative | None = None
-    rounds: dict[Annotated[str, Field(pattern=r"^[0-9]{1,9}$")], _RoundRecord] = {}
-    progress: _Progress | None = None
-    timings: dict[str, float] = {}
-    endpoints: dict[str, dict[str, float]] = {}
-    pid: ProcessId | None = None
-    host: str | None = None
-    scheduler: str | None = None
-    error: str | None = None
-
-
-def read_ledger(path: Path) -> dict[str, Any]:
-    """``run.json`` as a dict whose fields have the types simpipe writes; CorruptFile when
-    it is missing, too big, not JSON or a field has the wrong type."""
-    return read_json_record(path, _Ledger, MAX_LEDGER_BYTES)
-
-
-def run_game(ledger: dict[str, Any], ledger_path: Path) -> Game:
-    """The game a run's ``run.json`` (read with ``read_ledger``) configures; CorruptFile
-    naming run.json when its ``config.game`` is not a game's table."""
-    raw = (ledger.get("config") or {}).get("game") or {}
+def read_json_model(path: Path, model: type[M], max_bytes: int) -> M:
+    """A JSON object file validated as ``model``; CorruptFile naming the file and the first
+    field that is wrong (``read_json_object`` for the rest)."""
+    data = read_json_object(path, max_bytes)
     try:
-        return game_from_dict(raw)
-    except ValueError as exc:
-        problem = _first_error(exc) if isinstance(exc, ValidationError) else str(exc)
-        raise CorruptFile(ledger_path, f"config.game: {problem}") from None
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise CorruptFile(path, first_error(exc)) from None
+
+
+def read_json_record(path: Path, model: type[StrictRecord], max_bytes: int) -> dict[str, Any]:
+    """A JSON object file as a dict whose fields have ``model``'s types; CorruptFile when
+    it is missing, not a regular file, bigger than ``max_bytes``, not a JSON object or a
+    field has the wrong type."""
+    data = read_json_object(path, max_bytes)
+    try:
+        model.model_validate(data)
+    except ValidationError as exc:
+        raise CorruptFile(path, first_error(exc)) from None
+    return data
