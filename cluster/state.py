@@ -27,6 +27,7 @@ from simpipe.records import (
     CorruptFile,
     ProcessId,
     StrictRecord,
+    read_bounded,
     read_json_record,
 )
 
@@ -82,12 +83,10 @@ def read_section(name: str) -> SlurmClusterConfig:
     """The section ``write_section`` kept; StateError naming the file when it is missing or
     is not a SLURM cluster section."""
     path = section_path(name)
-    try:
-        return SlurmClusterConfig.model_validate_json(path.read_bytes())
-    except FileNotFoundError:
-        problem = "missing"
-    except OSError as exc:
-        problem = f"unreadable ({exc.strerror or exc})"
+    try:  # a regular file of bounded size: a FIFO or a device here must not hang us
+        return SlurmClusterConfig.model_validate_json(read_bounded(path, MAX_STATE_BYTES))
+    except CorruptFile as exc:
+        problem = exc.problem
     except ValidationError as exc:
         err = exc.errors()[0]
         where = ".".join(str(p) for p in err["loc"])

@@ -7,6 +7,7 @@ The notebook API mirrors the CLI::
     result = simpipe.run_simulation(config)
     result.summary            # one row per (round, group)
     result.rounds()           # one row per agent per round
+    simpipe.read_ledger(result.run_dir).completed_rounds()   # run.json, typed
 """
 
 from __future__ import annotations
@@ -36,6 +37,9 @@ _EXPORTS = {
     "read_rounds": "simpipe.store.results",
     "read_population": "simpipe.store.results",
     "read_ledger": "simpipe.store.results",
+    "RunRecord": "simpipe.store.record",
+    "build_population": "simpipe.run.population",
+    "build_report": "simpipe.report.build",
 }
 
 __all__ = [*_EXPORTS, "__version__"]

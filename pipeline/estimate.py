@@ -28,9 +28,12 @@ import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from simpipe.tables import markdown_table
+
+if TYPE_CHECKING:  # only the annotation: the dry run's maths stays free of the run's files
+    from simpipe.store.record import RunRecord
 
 STATS_PATH = "/emulator/stats"
 MAX_STATS_BYTES = 32 * 2**20
@@ -153,36 +156,35 @@ def fleet_edges(stats: Sequence[GpuStats], start_unix: float,
     return {"ramp_s": ramp, "tail_s": tail}
 
 
-def estimate(ledger: dict, stats: Sequence[GpuStats], gpus_per_server: int = 1,
+def estimate(ledger: RunRecord, stats: Sequence[GpuStats], gpus_per_server: int = 1,
              server_count: int | None = None) -> dict:
     """The ``estimate`` record of ``run.json`` for the rounds the emulators saw
     (``server_count``: the configured servers, when some could not be read)."""
     n_servers = len(stats)
     scale = stats[0].time_scale if stats else 1.0
     rounds, unseen = [], []
-    for key, rec in sorted(ledger.get("rounds", {}).items(), key=lambda kv: int(kv[0])):
-        started = rec.get("started_at")
-        wall = rec.get("elapsed_s")
-        if not isinstance(started, (int, float)) or not isinstance(wall, (int, float)) or any(
-                started < s.started_unix for s in stats):
-            unseen.append(int(key))  # an earlier invocation's round (--resume)
+    finished = ledger.finished_rounds()
+    for key, rec in finished.items():
+        started, wall = rec.started_at, rec.elapsed_s
+        if started is None or wall is None or any(started < s.started_unix for s in stats):
+            unseen.append(key)  # an earlier invocation's round (--resume)
             continue
         window = fleet_window(stats, started, started + wall)
         busiest = max(window["busy_s"], default=0.0)
         modelled = wall * scale
         estimate_s = max(wall, busiest)
         rounds.append({
-            "round": int(key) + 1,
-            "agents": rec.get("n", 0),
+            "round": key + 1,
+            "agents": rec.n,
             "wall_s": wall,
             "fleet_busy": _r(sum(window["busy_s"]) / (n_servers * modelled) if modelled else 0),
             "busiest_gpu_s": _r(busiest),
             "ideal_s": _r(sum(window["work_s"]) / n_servers if n_servers else 0.0),
             "estimate_s": _r(estimate_s),
             "limit": "GPUs" if busiest >= GPU_BOUND_SHARE * estimate_s else "pipeline",
-            "pipeline_agents_per_s": _r(rec.get("n", 0) / wall) if wall else None,
+            "pipeline_agents_per_s": _r(rec.n / wall) if wall else None,
         })
-    population_s = float(ledger.get("timings", {}).get("population_s", 0.0))
+    population_s = ledger.timing("population_s")
     total_s = population_s + sum(r["estimate_s"] for r in rounds)
     gpus = (server_count or n_servers) * max(1, gpus_per_server)
     agents = sum(r["agents"] for r in rounds)
@@ -200,10 +202,8 @@ def estimate(ledger: dict, stats: Sequence[GpuStats], gpus_per_server: int = 1,
         "population_s": population_s,
         "total_s": _r(total_s),
         "gpu_hours": _r(gpus * total_s / 3600),
-        "tokens_in": sum(ledger["rounds"][str(r["round"] - 1)].get("tokens_in", 0)
-                         for r in rounds),
-        "tokens_out": sum(ledger["rounds"][str(r["round"] - 1)].get("tokens_out", 0)
-                          for r in rounds),
+        "tokens_in": sum(finished[r["round"] - 1].tokens_in for r in rounds),
+        "tokens_out": sum(finished[r["round"] - 1].tokens_out for r in rounds),
         "limit": "pipeline" if len(pipeline_rounds) * 2 > len(rounds) else "GPUs",
         "pipeline_agents_per_s": (_r(sum(r["agents"] for r in pipeline_rounds)
                                      / sum(r["wall_s"] for r in pipeline_rounds))
@@ -259,9 +259,8 @@ def report_estimate(config: Any, ledger: Any, console: Any) -> dict | None:
     if not stats:
         console.warn("estimate: no emulated server answered /emulator/stats; no estimate")
         return None
-    est = estimate(ledger.data, stats, servers.gpus_per_server, len(urls))
-    ledger.data["estimate"] = est
-    ledger.save()
+    est = estimate(ledger.record, stats, servers.gpus_per_server, len(urls))
+    ledger.set_estimate(est)
     for line in format_estimate(est).splitlines():
         console.line(line)
     return est

@@ -14,11 +14,13 @@ from click.testing import CliRunner
 
 from simpipe.cli import main
 from simpipe.config import Config
+from simpipe.records import CorruptFile
 from simpipe.run.console import Console
 from simpipe.run.simulation import run_simulation
-from simpipe.store.integrity import CorruptFile, check_part, read_ledger
+from simpipe.store.integrity import check_part
 from simpipe.store.layout import RunPaths
 from simpipe.store.ledger import RunDirError
+from simpipe.store.record import read_ledger
 from simpipe.store.results import read_rounds, read_summary
 
 from support import small_config
@@ -69,7 +71,7 @@ def test_corrupt_part_of_a_finished_round_is_replayed_on_resume(reference, tmp_p
     assert f"WARNING {part}: not a readable Parquet file" in log
     assert "round 2 is played again" in log
     ledger = read_ledger(paths.ledger)
-    assert ledger["state"] == "finished" and ledger["rounds"]["1"]["partitions_reused"] == 3
+    assert ledger.state == "finished" and ledger.round(1).partitions_reused == 3
 
 
 def test_part_of_another_partition_is_replayed_not_trusted(reference, tmp_path, dask_client):

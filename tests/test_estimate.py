@@ -21,6 +21,7 @@ from simpipe.estimate import (
     parse_stats,
 )
 from simpipe.servers.emulator import EmulatorProcess
+from simpipe.store.record import RunRecord
 
 T0 = 1_000_000.0  # the emulators' start on the client's clock
 
@@ -37,12 +38,13 @@ def gpu_stats(busy_at: list[tuple[float, float, float, int]], scale: float = 1.0
     }
 
 
-def ledger(*rounds: tuple[float, float, int]) -> dict:
-    """run.json with rounds ``(started_at, elapsed_s, agents)``."""
-    return {"timings": {"population_s": 2.0},
-            "rounds": {str(i): {"started_at": a, "elapsed_s": e, "n": n, "tokens_in": 10 * n,
-                                "tokens_out": n}
-                       for i, (a, e, n) in enumerate(rounds)}}
+def ledger(*rounds: tuple[float, float, int]) -> RunRecord:
+    """run.json with finished rounds ``(started_at, elapsed_s, agents)``."""
+    return RunRecord.model_validate({
+        "timings": {"population_s": 2.0},
+        "rounds": {str(i): {"complete": True, "started_at": a, "elapsed_s": e, "n": n,
+                            "tokens_in": 10 * n, "tokens_out": n}
+                   for i, (a, e, n) in enumerate(rounds)}})
 
 
 def test_a_busy_fleet_is_the_limit_and_the_round_costs_its_wall_time():

@@ -49,8 +49,8 @@ def test_two_runs_inside_one_entered_executor_share_its_cluster_which_closes_aft
         b = simpipe.run_simulation(second, executor=executor, console=QUIET)
         assert executor.client is client  # the runs left it up
         scheduler = client.scheduler.address
-    assert [read_ledger(r.run_dir)["scheduler"] for r in (a, b)] == [scheduler, scheduler]
-    assert [read_ledger(r.run_dir)["state"] for r in (a, b)] == ["finished", "finished"]
+    assert [read_ledger(r.run_dir).scheduler for r in (a, b)] == [scheduler, scheduler]
+    assert [read_ledger(r.run_dir).state for r in (a, b)] == ["finished", "finished"]
     assert len(read_rounds(a.run_dir)) == 3 * 600 and len(read_rounds(b.run_dir)) == 2 * 600
     assert executor.client is None and client.status == "closed"
     assert cluster.status.name == "closed"

@@ -52,7 +52,7 @@ def test_a_run_against_a_hostile_server_finishes_with_one_row_per_agent(dask_cli
         )
         run_simulation(config, client=dask_client, console=Console(quiet=True))
 
-    assert read_ledger(config.run_dir)["state"] == "finished"
+    assert read_ledger(config.run_dir).state == "finished"
     for part in sorted(RunPaths(config.run_dir).rounds.rglob("*.parquet")):
         table = pq.read_table(part)  # every file is whole and readable on its own
         assert table.schema.field("raw_truncated").type == "bool"

@@ -33,10 +33,12 @@ LAYERS: list[tuple[str, ...]] = [
     ("simpipe.servers",),  # the servers simpipe runs (llama.cpp's uses the engine)
     ("simpipe.cluster",),  # workers, server jobs, persistent clusters
     # the config, composed from the sections of the layers below
-    ("simpipe.backends", "simpipe.config", "simpipe.config_docs", "simpipe.estimate"),
+    ("simpipe.backends", "simpipe.config", "simpipe.config_docs"),
     ("simpipe.store",),  # a run's files (run.json records the config)
     ("simpipe.agents",),  # how a partition decides
-    ("simpipe.run",),  # a run: servers, population, rounds
+    # a run: where it executes, servers, population, rounds; the dry run's estimate (read
+    # from its run.json)
+    ("simpipe.run", "simpipe.estimate"),
     ("simpipe.report", "simpipe.ui", "simpipe.bench"),  # readers and benchmarks of runs
     ("simpipe", "simpipe.cli"),  # the Python API and the command line
 ]

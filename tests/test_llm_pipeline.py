@@ -59,7 +59,7 @@ def test_embedded_model_plays_two_rounds_with_memory(llm_client, tmp_path):
     summary = read_summary(config.run_dir)
     assert summary["n_valid"].sum() == ok.sum()
     ledger = read_ledger(config.run_dir)
-    assert ledger["endpoints"]["llamacpp"]["requests"] == 32
+    assert ledger.endpoints["llamacpp"]["requests"] == 32
 
 
 PERSONAS = {"population": {"size": 48, "partitions": 2,
@@ -78,19 +78,19 @@ def test_agents_with_the_same_prompt_share_one_answer_distribution(llm_client, t
     assert (rows["status"] == "ok").all()
     assert rows["raw"].str.fullmatch(r" ?\d+").all()
     ledger = read_ledger(config.run_dir)
-    first, second = ledger["rounds"]["0"], ledger["rounds"]["1"]
+    first, second = ledger.round(0), ledger.round(1)
     # Round 1: one prompt per education level; round 2 adds each agent's own answer.
-    assert first["distinct_prompts"] == 3
-    assert first["sharing_factor"] == 16.0
-    assert first["shared_agents"] == 48 and first["fallback_prompts"] == 0
-    assert 3 <= first["model_calls"] <= 3 * 40  # a tree per prompt, not a call per agent
-    assert second["distinct_prompts"] > 3
-    assert second["shared_agents"] + second["model_calls"] >= 48
-    assert 0 <= first["unseen_mass_max"] <= 1e-4
+    assert first.distinct_prompts == 3
+    assert first.sharing_factor == 16.0
+    assert first.shared_agents == 48 and first.fallback_prompts == 0
+    assert 3 <= first.model_calls <= 3 * 40  # a tree per prompt, not a call per agent
+    assert second.distinct_prompts > 3
+    assert second.shared_agents + second.model_calls >= 48
+    assert 0 <= first.unseen_mass_max <= 1e-4
     # Every token spent is on some agent's row, and the engine's counters agree.
-    counters = ledger["endpoints"]["llamacpp"]
+    counters = ledger.endpoints["llamacpp"]
     assert rows["tokens_in"].sum() == counters["tokens_in"]
-    assert first["model_calls"] + second["model_calls"] == counters["requests"]
+    assert first.model_calls + second.model_calls == counters["requests"]
     # Agents with the same prompt do not all give the same answer: they draw.
     round1 = rows[rows["round"] == 0]
     assert round1.groupby(read_population(config.run_dir)["education"].to_numpy())[
@@ -148,7 +148,7 @@ def test_openai_backend_survives_a_server_killed_mid_round(tmp_path):
     assert len(rows) == 24 and rows["agent_id"].is_unique
     assert set(rows["status"]) <= {"ok", "error", "unparsed", "out_of_range"}
     assert (rows["status"] == "ok").sum() >= 20  # the survivor served the rest
-    endpoints = read_ledger(config.run_dir)["endpoints"]
+    endpoints = read_ledger(config.run_dir).endpoints
     assert set(endpoints) == {first.url.rstrip("/"), second.url.rstrip("/")}
     survivor = max(endpoints.values(), key=lambda c: c["requests"])
     assert survivor["errors"] == 0

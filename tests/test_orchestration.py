@@ -45,11 +45,11 @@ def test_run_simulation_starts_the_configured_servers_and_stops_them_at_the_end(
     rounds = read_rounds(result.run_dir)
     assert len(rounds) == 60 and (rounds["status"] == "ok").all()
     ledger = read_ledger(result.run_dir)
-    endpoints = ledger["endpoints"]
+    endpoints = ledger.endpoints
     assert len(endpoints) == 2 and all(c["requests"] > 0 for c in endpoints.values())
     # The endpoints the run used are the started servers', not the config's default.
-    assert sorted(ledger["config"]["agents"]["tgi"]["endpoints"]) == sorted(endpoints)
-    assert ledger["estimate"]["servers"] == 2
+    assert sorted(ledger.section("agents")["tgi"]["endpoints"]) == sorted(endpoints)
+    assert ledger.estimate["servers"] == 2
 
 
 def test_emulate_true_is_the_dry_run_of_simpipe_run_emulate(tmp_path, dask_client, capsys):
@@ -61,7 +61,7 @@ def test_emulate_true_is_the_dry_run_of_simpipe_run_emulate(tmp_path, dask_clien
     assert not config.run_dir.exists()
     assert _emulators() == []
     assert (read_rounds(result.run_dir)["status"] == "ok").all()
-    assert read_ledger(result.run_dir)["estimate"]["servers"] == 1
+    assert read_ledger(result.run_dir).estimate["servers"] == 1
 
 
 def test_own_client_and_started_servers_are_refused_together(tmp_path, dask_client):

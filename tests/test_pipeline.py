@@ -59,8 +59,8 @@ def test_run_writes_the_documented_layout(dask_client, tmp_path):
     assert summary["mean"].is_monotonic_decreasing
 
     ledger = read_ledger(config.run_dir)
-    assert ledger["state"] == "finished" and ledger["config_hash"] == config.results_hash()
-    assert sorted(ledger["rounds"]) == ["0", "1", "2"]
+    assert ledger.state == "finished" and ledger.config_hash == config.results_hash()
+    assert ledger.completed_rounds() == [0, 1, 2] and ledger.is_finished
     assert "round 3/3" in paths.log.read_text()
 
 
@@ -99,7 +99,7 @@ def test_existing_results_are_never_silently_replaced(dask_client, tmp_path):
         run_simulation(other, client=dask_client, console=QUIET, resume=True)
     pd.testing.assert_frame_equal(read_summary(config.run_dir), before)
     run_simulation(other, client=dask_client, console=QUIET, force=True)
-    assert read_ledger(other.run_dir)["config_hash"] == other.results_hash()
+    assert read_ledger(other.run_dir).config_hash == other.results_hash()
 
 
 def test_population_is_built_once_and_reused(dask_client, tmp_path):
@@ -131,7 +131,7 @@ def test_cancelled_run_resumes_to_the_same_summary(dask_client, tmp_path):
     with pytest.raises(RunCancelled):
         run_simulation(config, client=dask_client, console=QUIET)
     ledger = read_ledger(config.run_dir)
-    assert ledger["state"] == "interrupted" and 0 < len(ledger["rounds"]) < 3
+    assert ledger.state == "interrupted" and 0 < ledger.rounds_done < 3
     run_simulation(config, client=dask_client, console=QUIET, resume=True)
     pd.testing.assert_frame_equal(read_summary(config.run_dir), read_summary(reference.run_dir))
     pd.testing.assert_frame_equal(read_rounds(config.run_dir), read_rounds(reference.run_dir))

@@ -49,9 +49,9 @@ def test_a_scripted_run_plays_groups_of_four_with_their_own_feedback(dask_client
     pct = summary.groupby("round")["contribution_pct"].mean()
     assert pct.is_monotonic_decreasing and pct.iloc[0] > 30
     ledger = read_ledger(config.run_dir)
-    first = ledger["rounds"]["0"]
-    assert first["contribution_pct"] == pytest.approx(pct.iloc[0])
-    assert first["mean"] == pytest.approx(rounds.loc[rounds["round"] == 0, "guess"].mean())
+    first = ledger.round(0)
+    assert first.numbers["contribution_pct"] == pytest.approx(pct.iloc[0])
+    assert first.mean == pytest.approx(rounds.loc[rounds["round"] == 0, "guess"].mean())
     log = RunPaths(config.run_dir).log.read_text()
     assert "round 1/4: contribution" in log and "humans in period 1: 39.5%" in log
 
@@ -76,7 +76,7 @@ def test_a_cancelled_run_resumes_to_the_same_results(dask_client, tmp_path):
     cancel_after_first_round(config.run_dir)
     with pytest.raises(RunCancelled):
         run_simulation(config, client=dask_client, console=QUIET)
-    assert 0 < len(read_ledger(config.run_dir)["rounds"]) < 4
+    assert 0 < read_ledger(config.run_dir).rounds_done < 4
     run_simulation(config, client=dask_client, console=QUIET, resume=True)
     pd.testing.assert_frame_equal(read_summary(config.run_dir), read_summary(reference.run_dir))
     pd.testing.assert_frame_equal(read_rounds(config.run_dir), read_rounds(reference.run_dir))
@@ -155,5 +155,5 @@ def test_http_back_ends_play_the_game_through_their_protocols(dask_client, tmp_p
     totals = rounds.groupby(["round", "group_id"])["guess"].sum()
     by_group = summary.set_index(["round", "group_id"])
     np.testing.assert_array_equal(by_group["total_contribution"], totals.loc[by_group.index])
-    counters = read_ledger(config.run_dir)["endpoints"][stub.url]
+    counters = read_ledger(config.run_dir).endpoints[stub.url]
     assert counters["requests"] == 2 * 600

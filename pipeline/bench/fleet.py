@@ -58,6 +58,7 @@ from simpipe.run.console import Console
 from simpipe.run.executor import SlurmExecutor
 from simpipe.run.simulation import RoundObserver, run_simulation
 from simpipe.servers.emulator_profiles import get_profile
+from simpipe.store.record import RunRecord
 from simpipe.store.results import read_ledger
 from simpipe.tables import markdown_table
 
@@ -250,7 +251,7 @@ class CaseResult:
     case: FleetCase
     rows: list[dict]
     run_dir: Path
-    ledger: dict
+    ledger: RunRecord
     kill: KillReport | None = None
     problems: list[str] = field(default_factory=list)
     kill_lines: list[str] = field(default_factory=list)
@@ -317,31 +318,31 @@ def _kill(job_id: str, report: KillReport, started: list[float]) -> None:
     slurm.cancel([job_id])
 
 
-def _round_at(ledger: dict, unix_time: float) -> int | None:
-    for key, rec in ledger.get("rounds", {}).items():
-        start = rec.get("started_at", 0.0)
-        if start <= unix_time <= start + rec.get("elapsed_s", 0.0):
-            return int(key) + 1
+def _round_at(ledger: RunRecord, unix_time: float) -> int | None:
+    for r, rec in ledger.finished_rounds().items():
+        start = rec.started_at or 0.0
+        if start <= unix_time <= start + (rec.elapsed_s or 0.0):
+            return r + 1
     return None
 
 
-def _rows(case: FleetCase, ledger: dict, stats: list, usage: dict[int, _RoundUsage]) -> list[dict]:
+def _rows(case: FleetCase, ledger: RunRecord, stats: list,
+          usage: dict[int, _RoundUsage]) -> list[dict]:
     rows = []
     gpus_read = len(stats)
-    for key, rec in sorted(ledger.get("rounds", {}).items(), key=lambda kv: int(kv[0])):
-        r = int(key)
-        wall, n = float(rec["elapsed_s"]), int(rec["n"])
-        window = fleet_window(stats, rec["started_at"], rec["started_at"] + wall)
+    for r, rec in ledger.finished_rounds().items():
+        wall, n, started = rec.elapsed_s or 0.0, rec.n, rec.started_at or 0.0
+        window = fleet_window(stats, started, started + wall)
         ideal = sum(window["work_s"]) / gpus_read / case.time_scale if gpus_read else 0.0
         busy = (sum(window["busy_s"]) / (gpus_read * wall * case.time_scale)
                 if gpus_read and wall else 0.0)
-        edges = fleet_edges(stats, rec["started_at"], rec["started_at"] + wall)
+        edges = fleet_edges(stats, started, started + wall)
         ramp, tail = (sum(v) / len(v) / case.time_scale if v else None
                       for v in (edges["ramp_s"], edges["tail_s"]))
         use = usage.get(r, _RoundUsage())
         rows.append({
             "nodes": case.nodes, "gpus": case.nodes * case.gpus, "round": r + 1, "agents": n,
-            "errors": int(rec.get("n_error", 0)), "wall_s": wall,
+            "errors": rec.n_error, "wall_s": wall,
             "agents_per_s": n / wall if wall else None, "ideal_s": ideal,
             "wall_over_ideal": wall / ideal if ideal else None, "fleet_busy": busy,
             "ramp_s": ramp, "tail_s": tail,
@@ -402,7 +403,7 @@ def kill_lines(res: CaseResult, rows_per_round: dict[int, tuple[int, int]]) -> l
     for r, (rows, unique) in sorted(rows_per_round.items()):
         lines.append(f"round {r + 1}: {rows:,} rows, {unique:,} distinct agents "
                      f"(expected {res.case.agents:,})")
-    endpoints = res.ledger.get("endpoints", {})
+    endpoints = res.ledger.endpoints
     for url in kill.urls:
         c = endpoints.get(url, {})
         lines.append(f"{url}: requests {c.get('requests', 0):,}, errors "

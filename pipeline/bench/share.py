@@ -93,16 +93,15 @@ def run_share_bench(config: Config | None, agents: int, rounds: int, sample: int
             run_simulation(config, console=Console(quiet=True))
         ledger = read_ledger(config.run_dir)
         rows = []
-        for r in range(config.game.rounds):
-            rec = ledger["rounds"][str(r)]
-            start = rec.get("started_at") or 0.0
+        for r, rec in ledger.finished_rounds().items():
+            start, wall = rec.started_at or 0.0, rec.elapsed_s or 0.0
             rows.append({
-                "case": f"shared answers, round {r + 1}", "agents": rec["n"],
-                "distinct_prompts": rec["distinct_prompts"],
-                "sharing_factor": rec["sharing_factor"], "model_calls": rec["model_calls"],
-                "wall_s": rec["elapsed_s"], "agents_per_s": rec["agents_per_s"],
-                "peak_rss_gib": rss.peak_gib_between(start, start + rec["elapsed_s"]),
-                "valid": rec["n_valid"] / rec["n"],
+                "case": f"shared answers, round {r + 1}", "agents": rec.n,
+                "distinct_prompts": rec.distinct_prompts,
+                "sharing_factor": rec.sharing_factor, "model_calls": rec.model_calls,
+                "wall_s": wall, "agents_per_s": rec.agents_per_s,
+                "peak_rss_gib": rss.peak_gib_between(start, start + wall),
+                "valid": rec.n_valid / rec.n,
             })
         reference = per_agent_reference(config, sample)
     for row in [*rows, reference]:

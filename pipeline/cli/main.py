@@ -11,7 +11,6 @@ command load only what that command needs.
 from __future__ import annotations
 
 import shlex
-import time
 from pathlib import Path
 from typing import Any
 
@@ -80,51 +79,53 @@ def population() -> None:
 def population_build(config_path: str, overrides: tuple[str, ...]) -> None:
     """Sample the population of CONFIG into <output_dir>/<name>/population/."""
     from simpipe.run.console import Console
-    from simpipe.run.executor import cluster_client
-    from simpipe.run.population import ensure_population
-    from simpipe.store.layout import RunPaths
+    from simpipe.run.population import build_population
 
     config = load(config_path, overrides)
-    console = Console()
-    start = time.perf_counter()
-    with cluster_client(config.cluster, say=console.line) as client:
-        bar = console.progress(config.population.n_partitions, "population")
-        out = ensure_population(client, config, RunPaths(config.run_dir),
-                                on_progress=lambda done, n: bar.update(1))
+    bar = Console().progress(config.population.n_partitions, "population")
+    try:
+        built = build_population(config, on_progress=lambda done, n: bar.update(1))
+    finally:
         bar.close()
-    click.echo(f"population: {out}  ({config.population.size:,} agents, "
-               f"{time.perf_counter() - start:.1f} s)")
+    click.echo(f"population: {built.path}  ({built.n_agents:,} agents, {built.wall_s:.1f} s)")
 
 
 @main.command()
 @click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
 def show(run_dir: str) -> None:
     """Print the summary of RUN_DIR, one line per round (and group)."""
-    from simpipe.store.integrity import RESUME_REPAIRS, CorruptFile
+    from simpipe.records import CorruptFile
+    from simpipe.store.integrity import RESUME_REPAIRS
     from simpipe.store.layout import RunPaths
     from simpipe.store.results import read_ledger, read_summary
 
     paths = RunPaths(Path(run_dir))
-    if not paths.ledger.exists():
+    if not paths.ledger.exists() and not paths.ledger.is_symlink():
         raise SimpipeError(f"{run_dir}: not a simpipe run directory (no run.json)")
     try:
         ledger = read_ledger(run_dir)
+        ledger.game()
     except CorruptFile as exc:
         raise SimpipeError(f"{exc}; restore it from a copy (it records the run's config and "
                            "rounds)") from None
-    done = len([r for r in ledger.get("rounds", {}).values() if r.get("complete")])
-    click.echo(f"run {ledger.get('name') or paths.root.name}: {ledger.get('state')}, "
-               f"{done}/{ledger.get('rounds_total', '?')} rounds, "
-               f"{ledger.get('n_agents') or 0:,} agents")
-    if not paths.summary.exists():
+    total = "?" if ledger.rounds_total is None else ledger.rounds_total
+    click.echo(f"run {ledger.name or paths.root.name}: {ledger.state}, "
+               f"{ledger.rounds_done}/{total} rounds, {ledger.n_agents or 0:,} agents")
+    try:
+        summary = read_summary(run_dir)
+        stopped = ledger.state not in ("finished", "running")  # what --resume is for
+        resume = ledger.resume_point(paths) if stopped else None
+    except CorruptFile as exc:
+        raise SimpipeError(f"{exc}; {RESUME_REPAIRS}") from None
+    if resume is not None:
+        r, left = resume
+        click.echo(f"--resume continues with round {r + 1}: {len(left)} of "
+                   f"{ledger.n_partitions} partitions to play")
+    if summary.empty:
         click.echo("(no round finished yet)")
         return
     import pandas as pd
 
-    try:
-        summary = read_summary(run_dir)
-    except CorruptFile as exc:
-        raise SimpipeError(f"{exc}; {RESUME_REPAIRS}") from None
     with pd.option_context("display.width", 200, "display.max_columns", 20,
                            "display.max_rows", 60):
         click.echo(summary.to_string(index=False, float_format=lambda v: f"{v:.3f}"))

@@ -6,7 +6,6 @@ stays light.
 
 from __future__ import annotations
 
-import json
 import textwrap
 from pathlib import Path
 
@@ -20,7 +19,8 @@ SPEC_FILE = "_population.json"
 def _population_dir(path: Path) -> Path | None:
     """DIR may be a run directory, its ``population/`` or a cache entry."""
     for candidate in (path, path / "population"):
-        if (candidate / SPEC_FILE).is_file():
+        spec = candidate / SPEC_FILE
+        if spec.exists() or spec.is_symlink():  # what it is, the reader checks and names
             return candidate
     return None
 
@@ -36,6 +36,8 @@ def population_show(directory: str, samples: int) -> None:
 
     from simpipe.personas.checks import attribute_report
     from simpipe.personas.config import ConditionalAttribute, PopulationConfig
+    from simpipe.records import CorruptFile
+    from simpipe.run.population import read_population_spec
 
     pop_dir = _population_dir(Path(directory))
     if pop_dir is None:
@@ -43,17 +45,18 @@ def population_show(directory: str, samples: int) -> None:
                            "with `simpipe population build CONFIG`)")
     spec = pop_dir / SPEC_FILE
     try:
-        meta = json.loads(spec.read_text(encoding="utf-8"))
-        config = PopulationConfig.model_validate(meta["population"])
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+        meta = read_population_spec(spec)
+        config = PopulationConfig.model_validate(meta.population)
+    except (CorruptFile, ValueError) as exc:
         # ValidationError is a ValueError; its text spans lines, the first names the problem
-        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        reason = (exc.problem if isinstance(exc, CorruptFile) else
+                  str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
         raise SimpipeError(f"{spec}: not a population spec this version reads ({reason}); "
                            "build it again with `simpipe population build CONFIG`") from None
     frame = pd.read_parquet(pop_dir)
-    click.echo(f"population {pop_dir}: {len(frame):,} agents in {meta.get('n_partitions')} "
-               f"partitions, sampling {config.sampling}, seed {meta.get('seed')}, "
-               f"hash {meta.get('population_hash')}")
+    click.echo(f"population {pop_dir}: {len(frame):,} agents in {meta.n_partitions} "
+               f"partitions, sampling {config.sampling}, seed {meta.seed}, "
+               f"hash {meta.population_hash}")
     fmt = {"share": "{:.4f}".format, "requested": "{:.4f}".format}
     for name, spec in config.attributes.items():
         table, p = attribute_report(frame, config, name)
@@ -62,7 +65,7 @@ def population_show(directory: str, samples: int) -> None:
         click.echo(f"\n{name}{given}{test}")
         click.echo(table.to_string(index=False, formatters=fmt,
                                    float_format=lambda v: f"{v:.2f}"))
-    persona = meta.get("persona")
+    persona = meta.persona
     if persona:
         click.echo(f"\npersonas: mode {persona['mode']}, sources {persona.get('sources')}")
         if persona.get("generator"):

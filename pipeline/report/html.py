@@ -84,7 +84,7 @@ def _figure(item: FigureItem) -> str:
 def _runs_line(report: Report) -> str:
     return "; ".join(
         f"<b>{html.escape(run.label)}</b> (<code>{html.escape(str(run.run_dir))}</code>, "
-        f"{html.escape(str(run.ledger.get('state', '?')))})" for run in report.runs)
+        f"{html.escape(run.ledger.state)})" for run in report.runs)
 
 
 def _version() -> str:

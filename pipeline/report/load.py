@@ -14,16 +14,10 @@ from simpipe.backends import BACKENDS, DEFAULT_BACKEND
 from simpipe.errors import SimpipeError
 from simpipe.games.base import Game
 from simpipe.personas.config import PopulationConfig
-from simpipe.store.integrity import (
-    RESUME_REPAIRS,
-    CorruptFile,
-    check_part,
-    expected_bounds,
-    read_summary,
-    round_problems,
-    run_game,
-)
+from simpipe.records import CorruptFile
+from simpipe.store.integrity import RESUME_REPAIRS, check_part, read_summary, round_problems
 from simpipe.store.layout import RunPaths
+from simpipe.store.record import RunRecord
 from simpipe.store.results import read_ledger, read_rounds
 
 # The columns the report needs: never `raw` or `error`, which dominate the bytes on disk.
@@ -40,7 +34,7 @@ class ReportInputError(SimpipeError, ValueError):
 class RunData:
     run_dir: Path
     label: str
-    ledger: dict
+    ledger: RunRecord
     game: Game
     summary: pd.DataFrame  # summary.parquet, completed rounds only
     rounds: pd.DataFrame  # ROUND_COLUMNS, completed rounds only
@@ -58,7 +52,7 @@ class RunData:
         Other population columns (e.g. how a persona was made) are bookkeeping, not
         demographics; they are still available to --by.
         """
-        declared = (self.ledger.get("config", {}).get("population", {}) or {}).get("attributes")
+        declared = self.ledger.section("population").get("attributes")
         if isinstance(declared, dict):
             return [a for a in declared if a in self.columns]
         return [c for c in self.columns if not c.startswith("persona")]
@@ -67,7 +61,7 @@ class RunData:
         """How ``attribute`` can influence the agents' guesses: "prompt" (their persona text
         names it), "rules" (scripted agents' depth_shift uses it), or None: it never reached
         them, so a difference between its levels is chance or correlation, not an effect."""
-        config = self.ledger.get("config") or {}
+        config = self.ledger.config_dict()
         try:
             population = PopulationConfig.model_validate(config.get("population") or {})
         except ValueError:
@@ -82,8 +76,8 @@ class RunData:
 
     def attribute_order(self, attribute: str) -> list[str]:
         """The labels of a categorical attribute in the order the config lists them."""
-        spec = (self.ledger.get("config", {}).get("population", {})
-                .get("attributes", {}).get(attribute) or {})
+        attributes = self.ledger.section("population").get("attributes")
+        spec = (attributes.get(attribute) if isinstance(attributes, dict) else None) or {}
         values = spec.get("values") if isinstance(spec, dict) else None
         return [str(v) for v in values] if isinstance(values, dict) else []
 
@@ -104,7 +98,7 @@ def load_run(run_dir: str | Path, label: str | None = None) -> RunData:
     if not paths.summary.is_file() or not paths.rounds.is_dir():
         raise ReportInputError(f"{run_dir}: no completed round yet ({EXPECTED})")
     try:
-        game = run_game(ledger, paths.ledger)
+        game = ledger.game()
     except CorruptFile as exc:
         raise ReportInputError(f"{exc}; restore it from a copy") from None
 
@@ -118,16 +112,17 @@ def load_run(run_dir: str | Path, label: str | None = None) -> RunData:
     # A round still being written (or interrupted) has part files but no summary rows yet.
     rounds = rounds[rounds["round"].isin(done)].reset_index(drop=True)
     return RunData(
-        run_dir=path, label=label or str(ledger.get("name") or path.name), ledger=ledger,
+        run_dir=path, label=label or str(ledger.name or path.name), ledger=ledger,
         game=game, summary=summary, rounds=rounds,
         population=_read_population(paths.population),
     )
 
 
-def _check_parts(paths: RunPaths, ledger: dict, rounds: list[int]) -> None:
+def _check_parts(paths: RunPaths, ledger: RunRecord, rounds: list[int]) -> None:
     """CorruptFile for the first population or round part the report would read that is
-    missing or corrupt (a Parquet error deep inside pandas names no file)."""
-    bounds = expected_bounds(ledger, paths.ledger)
+    missing or corrupt (a Parquet error deep inside pandas names no file). Sized by the
+    partitions run.json records (bounded when read), checked against each file's rows."""
+    bounds = ledger.partition_bounds()
     if any(paths.population.glob("part-*.parquet")):  # without any: no breakdown, no error
         for k, agents in enumerate(bounds):
             check_part(paths.population_part(k), agents)

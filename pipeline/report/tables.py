@@ -84,16 +84,15 @@ def confidence_interval(mean: np.ndarray, sd: np.ndarray, n: np.ndarray,
 def run_table(runs: Sequence[RunData], round_tables: Sequence[pd.DataFrame]) -> pd.DataFrame:
     records = []
     for run, rounds in zip(runs, round_tables, strict=True):
-        timings = run.ledger.get("timings") or {}
         records.append({
             "run": run.label,
-            "backend": describe_backend(run.ledger.get("config", {}), run.game),
-            "n_agents": int(run.ledger.get("n_agents") or rounds["n"].iloc[0]),
+            "backend": describe_backend(run.ledger.config_dict(), run.game),
+            "n_agents": int(run.ledger.n_agents or rounds["n"].iloc[0]),
             "rounds": len(rounds),
             **run.game.report_run(rounds),
             "tokens_in": int(run.rounds["tokens_in"].to_numpy().sum(dtype=np.int64)),
             "tokens_out": int(run.rounds["tokens_out"].to_numpy().sum(dtype=np.int64)),
-            "wall_s": timings.get("wall_s"),
+            "wall_s": run.ledger.wall_s,
         })
     return pd.DataFrame.from_records(records)
 

@@ -1,19 +1,25 @@
 """Building a population once per spec and linking it into each run that uses it.
 
 A part file already on disk is checked (this partition's agent ids, in order) before it is
-reused, in the cache and in the run; a corrupt one is moved aside and built again.
+reused, in the cache and in the run; a corrupt one is moved aside and built again. The spec
+file beside the parts (``_population.json``) is read back like every file of a run: a
+regular file of bounded size, its counts within the bounds of ``[population]``.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import time
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated, Any
 
 import pyarrow.parquet as pq
 from distributed import Client, as_completed
+from pydantic import Field
 
 from simpipe.agents.registry import close_engines_on_shutdown
 from simpipe.config import AgentsConfig, Config
@@ -23,15 +29,65 @@ from simpipe.files import (
     write_json_atomic,
     write_parquet_atomic,
 )
-from simpipe.personas.config import PopulationConfig
+from simpipe.personas.config import MAX_PARTITIONS, MAX_POPULATION, PopulationConfig
 from simpipe.personas.meta_prompt import prompt_hash
 from simpipe.personas.sampling import partition_bounds, sample_partition
+from simpipe.records import CorruptFile, StrictRecord, read_json_model
 from simpipe.run.console import Console
 from simpipe.run.persona_build import BackendFactory, PersonaStats, add_personas
-from simpipe.store.integrity import CorruptFile, check_part
+from simpipe.store.integrity import check_part
 from simpipe.store.layout import RunPaths, part_name, population_cache
 
 SPEC_FILE = "_population.json"  # leading "_": Parquet readers skip it
+MAX_SPEC_BYTES = 16 * 2**20  # the [population] section and persona counts: kilobytes
+
+
+class PopulationSpec(StrictRecord):
+    """``_population.json``: what a built population was built from."""
+
+    population_hash: str | None = None
+    seed: int | None = None
+    n_agents: Annotated[int, Field(ge=1, le=MAX_POPULATION)] | None = None
+    n_partitions: Annotated[int, Field(ge=1, le=MAX_PARTITIONS)] | None = None
+    population: dict[str, Any]
+    persona: dict[str, Any] | None = None
+
+
+def read_population_spec(path: Path) -> PopulationSpec:
+    """A population's spec file; CorruptFile naming it when it is missing, not a regular
+    file, too big, not JSON or a field has the wrong type or an implausible count."""
+    return read_json_model(path, PopulationSpec, MAX_SPEC_BYTES)
+
+
+@dataclass(frozen=True)
+class BuiltPopulation:
+    """What ``build_population`` made: the run's ``population/`` folder (read it with
+    ``simpipe.read_population(run_dir)``) and how long it took."""
+
+    path: Path
+    n_agents: int
+    n_partitions: int
+    wall_s: float
+
+
+def build_population(config: Config, client: Client | None = None,
+                     on_progress: Callable[[int, int], None] | None = None,
+                     warn: Callable[[str], None] | None = None) -> BuiltPopulation:
+    """``simpipe population build``: sample the population of ``config`` (and its personas)
+    into ``<output_dir>/<name>/population/``, reusing the cache. Without ``client``, the
+    configured cluster is started for the build and stopped after it. ``on_progress(done,
+    total)`` is called per partition; ``warn`` gets one line per corrupt part set aside."""
+    start = time.perf_counter()
+    paths = RunPaths(config.run_dir)
+    if client is not None:
+        out = ensure_population(client, config, paths, on_progress=on_progress, warn=warn)
+    else:
+        from simpipe.run.executor import cluster_client  # imports dask-jobqueue
+
+        with cluster_client(config.cluster, say=warn) as own:
+            out = ensure_population(own, config, paths, on_progress=on_progress, warn=warn)
+    return BuiltPopulation(out, config.population.size, config.population.n_partitions,
+                           time.perf_counter() - start)
 
 
 def build_population_part(population: PopulationConfig, seed: int, partition: int,

@@ -24,7 +24,8 @@ from simpipe.files import move_aside, write_parquet_atomic
 from simpipe.games.partials import Partial
 from simpipe.games.registry import game_for
 from simpipe.personas.sampling import partition_bounds
-from simpipe.store.integrity import CorruptFile, read_part
+from simpipe.records import CorruptFile
+from simpipe.store.integrity import read_part
 from simpipe.store.layout import RunPaths
 
 ROW_SCHEMA = pa.schema([

@@ -42,14 +42,16 @@ from simpipe.games.base import Game
 from simpipe.games.groups import assign_groups
 from simpipe.games.registry import game_for
 from simpipe.personas.sampling import partition_bounds
+from simpipe.records import CorruptFile
 from simpipe.run.console import Console
 from simpipe.run.executor import Executor, OwnClientExecutor, executor_for
 from simpipe.run.population import ensure_population
 from simpipe.run.quiet_teardown import QuietTeardown
 from simpipe.run.round_task import ROW_COLUMNS, PartitionJob, PartitionOutcome, play_partition
-from simpipe.store.integrity import CorruptFile, read_ledger, read_summary, round_problems
+from simpipe.store.integrity import read_summary, round_problems
 from simpipe.store.layout import RunPaths
 from simpipe.store.ledger import Ledger, RunDirError, open_run_dir
+from simpipe.store.record import read_ledger
 
 
 class RunCancelled(SimpipeError, RuntimeError):
@@ -376,7 +378,7 @@ class _CounterWatch:
     def __init__(self, client: Client, ledger: Ledger) -> None:
         self.client = client
         self.ledger = ledger
-        self.prior = ledger.data.get("endpoints") or {}
+        self.prior = ledger.record.endpoints
         self.start = client.run(process_counters)
 
     def update(self) -> None:
@@ -392,8 +394,7 @@ class _CounterWatch:
                 slot = total.setdefault(name, {})
                 for key, value in delta.items():
                     slot[key] = slot.get(key, 0) + value
-        self.ledger.data["endpoints"] = total
-        self.ledger.save()
+        self.ledger.set_endpoints(total)
 
 
 def _rate(value: float | None) -> str:

@@ -14,26 +14,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Any
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
-from pydantic import Field, ValidationError
 
-from simpipe.games.base import Game
-from simpipe.games.registry import game_from_dict
-from simpipe.personas.sampling import partition_bounds
-from simpipe.records import (
-    CorruptFile,
-    NonNegative,
-    ProcessId,
-    StrictRecord,
-    error_reason,
-    first_error,
-    read_json_record,
-)
+from simpipe.records import CorruptFile, error_reason
 from simpipe.store.layout import RunPaths
 
 AgentRange = tuple[int, int]  # [start, stop) of one partition's agent ids
@@ -41,8 +28,8 @@ AgentRange = tuple[int, int]  # [start, stop) of one partition's agent ids
 RESUME_REPAIRS = "`simpipe run CONFIG --resume` moves it aside and rebuilds it"
 
 
-# --- part files -------------------------------------------------------------------------------
 
+# --- part files -------------------------------------------------------------------------------
 
 def _checked_table(path: Path, agents: AgentRange, required: Sequence[str],
                    read: Sequence[str]) -> pa.Table:
@@ -104,15 +91,6 @@ def round_problems(paths: RunPaths, round_index: int, bounds: Sequence[AgentRang
     return problems
 
 
-def expected_bounds(ledger: dict[str, Any], ledger_path: Path) -> list[AgentRange]:
-    """The agent ids of each partition, as the run that wrote ``ledger`` laid them out."""
-    size, parts = ledger.get("n_agents"), ledger.get("n_partitions")
-    if not isinstance(size, int) or not isinstance(parts, int) or parts < 1 or size < parts:
-        raise CorruptFile(ledger_path, "n_agents / n_partitions missing or impossible: "
-                                       "the part files cannot be checked")
-    return partition_bounds(size, parts)
-
-
 # --- summary.parquet ----------------------------------------------------------------------------
 
 def read_summary(path: Path, columns: Sequence[str]) -> pd.DataFrame:
@@ -132,77 +110,3 @@ def read_summary(path: Path, columns: Sequence[str]) -> pd.DataFrame:
     return summary
 
 
-# --- run.json -----------------------------------------------------------------------------------
-
-# run.json holds a few hundred bytes per round and endpoint; anything this big is not ours.
-MAX_LEDGER_BYTES = 16 * 2**20
-
-
-class _RoundRecord(StrictRecord):
-    complete: bool = False
-    n: NonNegative = 0
-    n_valid: NonNegative = 0
-    n_unparsed: NonNegative = 0
-    n_out_of_range: NonNegative = 0
-    n_error: NonNegative = 0
-    mean: float | None = None
-    tokens_in: NonNegative = 0
-    tokens_out: NonNegative = 0
-    elapsed_s: float | None = None
-    agents_per_s: float | None = None
-    partitions_reused: NonNegative = 0
-
-
-class _Progress(StrictRecord):
-    round: NonNegative
-    partitions_done: NonNegative = 0
-    partitions_total: NonNegative = 0
-    agents_done: NonNegative = 0
-    elapsed_s: float | None = None
-    agents_per_s: float | None = None
-
-
-class _ConfigSections(StrictRecord):
-    # Only their shape: the sections' own rules belong to simpipe.config.
-    run: dict[str, Any] | None = None
-    population: dict[str, Any] | None = None
-    game: dict[str, Any] | None = None
-    agents: dict[str, Any] | None = None
-    cluster: dict[str, Any] | None = None
-
-
-class _Ledger(StrictRecord):
-    name: str | None = None
-    state: str = "unknown"
-    config_hash: str | None = None
-    config: _ConfigSections | None = None
-    created_at: str | None = None
-    updated_at: str | None = None
-    rounds_total: NonNegative | None = None
-    n_agents: NonNegative | None = None
-    n_partitions: NonNegative | None = None
-    rounds: dict[Annotated[str, Field(pattern=r"^[0-9]{1,9}$")], _RoundRecord] = {}
-    progress: _Progress | None = None
-    timings: dict[str, float] = {}
-    endpoints: dict[str, dict[str, float]] = {}
-    pid: ProcessId | None = None
-    host: str | None = None
-    scheduler: str | None = None
-    error: str | None = None
-
-
-def read_ledger(path: Path) -> dict[str, Any]:
-    """``run.json`` as a dict whose fields have the types simpipe writes; CorruptFile when
-    it is missing, too big, not JSON or a field has the wrong type."""
-    return read_json_record(path, _Ledger, MAX_LEDGER_BYTES)
-
-
-def run_game(ledger: dict[str, Any], ledger_path: Path) -> Game:
-    """The game a run's ``run.json`` (read with ``read_ledger``) configures; CorruptFile
-    naming run.json when its ``config.game`` is not a game's table."""
-    raw = (ledger.get("config") or {}).get("game") or {}
-    try:
-        return game_from_dict(raw)
-    except ValueError as exc:
-        problem = first_error(exc) if isinstance(exc, ValidationError) else str(exc)
-        raise CorruptFile(ledger_path, f"config.game: {problem}") from None

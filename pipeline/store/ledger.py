@@ -1,4 +1,5 @@
-"""``run.json``: the resolved config, versions, timings and the resume ledger.
+"""Writing ``run.json`` (the record of ``simpipe.store.record``: the resolved config, versions,
+timings and the resume ledger) and opening a run folder.
 
 Only the client writes it. A round counts as complete when its summary rows are in
 ``summary.parquet`` and the ledger says so; a partition counts as complete when its Parquet
@@ -17,8 +18,9 @@ from typing import Any
 from simpipe.config import Config
 from simpipe.errors import SimpipeError
 from simpipe.files import write_json_atomic
-from simpipe.store.integrity import MAX_LEDGER_BYTES, CorruptFile, StrictRecord, read_json_record
+from simpipe.records import CorruptFile, StrictRecord, read_json_record
 from simpipe.store.layout import RunPaths, is_run_entry
+from simpipe.store.record import MAX_LEDGER_BYTES, Progress, RoundRecord, RunRecord, read_ledger
 
 
 class RunDirError(SimpipeError, ValueError):
@@ -41,70 +43,84 @@ def package_versions() -> dict[str, str]:
 
 
 class Ledger:
-    """A thin, always-saved view of ``run.json``."""
+    """The client's ``run.json``: a ``RunRecord`` (``simpipe.store.record``, the same model
+    every reader gets), replaced by each change and saved atomically."""
 
-    def __init__(self, paths: RunPaths, data: dict[str, Any]) -> None:
+    def __init__(self, paths: RunPaths, record: RunRecord) -> None:
         self.paths = paths
-        self.data = data
+        self.record = record
         self._last_progress_save = 0.0
 
     @classmethod
     def new(cls, paths: RunPaths, config: Config) -> Ledger:
-        data = {
+        now = _now()
+        record = RunRecord.model_validate({
             "name": config.run.name,
             "config_hash": config.results_hash(),
             "population_hash": config.population_hash(),
             "config": config.model_dump(mode="json"),
             "versions": package_versions(),
             "state": "created",
-            "created_at": _now(),
-            "updated_at": _now(),
+            "created_at": now,
+            "updated_at": now,
             "rounds_total": config.game.rounds,
             "n_agents": config.population.size,
             "n_partitions": config.population.n_partitions,
-            "rounds": {},
-            "progress": None,
-            "timings": {},
-            "endpoints": {},
-        }
-        ledger = cls(paths, data)
+        })
+        ledger = cls(paths, record.at(paths.ledger))
         ledger.save()
         return ledger
 
+    def _update(self, **changes: Any) -> None:
+        self.record = self.record.model_copy(update=changes)
+
     def save(self) -> None:
-        self.data["updated_at"] = _now()
-        write_json_atomic(self.data, self.paths.ledger)
+        self._update(updated_at=_now())
+        write_json_atomic(self.record.to_json(), self.paths.ledger)
 
     # --- state -----------------------------------------------------------------------------
 
     def set_state(self, state: str, **extra: Any) -> None:
-        self.data["state"] = state
-        self.data.update(extra)
+        """``extra``: other fields of the record (``error``, ``pid``, ``host``, ...)."""
+        self._update(state=state, **extra)
         self.save()
 
     def completed_rounds(self) -> list[int]:
-        return sorted(int(r) for r, rec in self.data["rounds"].items() if rec.get("complete"))
+        return self.record.completed_rounds()
 
     def record_progress(self, round_index: int, done: int, total: int, agents_done: int,
                         elapsed_s: float, force: bool = False) -> None:
         """Live progress for watchers (the UI); saved at most twice a second."""
-        self.data["progress"] = {
-            "round": round_index, "partitions_done": done, "partitions_total": total,
-            "agents_done": agents_done, "elapsed_s": round(elapsed_s, 3),
-            "agents_per_s": round(agents_done / elapsed_s, 1) if elapsed_s > 0 else None,
-        }
+        self._update(progress=Progress(
+            round=round_index, partitions_done=done, partitions_total=total,
+            agents_done=agents_done, elapsed_s=round(elapsed_s, 3),
+            agents_per_s=round(agents_done / elapsed_s, 1) if elapsed_s > 0 else None))
         now = time.monotonic()
         if force or now - self._last_progress_save >= 0.5:
             self._last_progress_save = now
             self.save()
 
-    def record_round(self, round_index: int, record: dict[str, Any]) -> None:
-        self.data["rounds"][str(round_index)] = {"complete": True, **record}
-        self.data["progress"] = None
+    def record_round(self, round_index: int, record: dict[str, Any]) -> RoundRecord:
+        """A finished round's numbers (``record``: the fields of ``RoundRecord`` and the
+        game's own numbers); lax, so numpy numbers become Python ones."""
+        finished = RoundRecord.model_validate({**record, "complete": True}, strict=False)
+        self._update(rounds={**self.record.rounds, str(round_index): finished}, progress=None)
         self.save()
+        return finished
 
     def add_timing(self, name: str, seconds: float) -> None:
-        self.data["timings"][name] = round(self.data["timings"].get(name, 0.0) + seconds, 3)
+        self._update(timings={**self.record.timings,
+                              name: round(self.record.timing(name) + seconds, 3)})
+
+    def set_endpoints(self, counters: dict[str, dict[str, int | float]]) -> None:
+        """Per-endpoint counters of the whole run (earlier invocations included)."""
+        self._update(endpoints={name: dict(values) for name, values in counters.items()})
+        self.save()
+
+    def set_estimate(self, estimate: dict[str, Any]) -> None:
+        """The dry run's estimate of the real run (``simpipe.estimate``)."""
+        self._update(estimate=estimate)
+        self.save()
 
 
 def open_run_dir(paths: RunPaths, config: Config, *, resume: bool, force: bool) -> Ledger:
@@ -127,27 +143,29 @@ def open_run_dir(paths: RunPaths, config: Config, *, resume: bool, force: bool) 
             raise RunDirError(f"cannot create the run folder {root} ({exc.strerror}); "
                               "check run.output_dir") from None
         return Ledger.new(paths, config)
-    data = _ledger_data(paths.ledger)
-    if data is None:
+    if _ledger_data(paths.ledger) is None:
         raise RunDirError(
             f"{root} exists and is not a simpipe run (no valid run.json); choose another "
             "run.name or run.output_dir"
         )
-    ledger = Ledger(paths, data)
-    if ledger.data.get("config_hash") != config.results_hash():
+    try:
+        record = read_ledger(paths.ledger)
+    except CorruptFile as exc:
+        raise RunDirError(f"{exc}; restore it, or pass --force to start this run over "
+                          "(--resume needs it)") from None
+    if record.config_hash != config.results_hash():
         raise RunDirError(
             f"{root} holds a run made from a different config "
-            f"(hash {ledger.data.get('config_hash')} there, {config.results_hash()} now); "
+            f"(hash {record.config_hash} there, {config.results_hash()} now); "
             "pass --force to replace it, or set run.name to a new name "
             "(--resume only continues a run with the same config)"
         )
     if not resume:
-        done = len(ledger.completed_rounds())
         raise RunDirError(
-            f"{root} already holds this run ({ledger.data.get('state')}, {done}/"
+            f"{root} already holds this run ({record.state}, {record.rounds_done}/"
             f"{config.game.rounds} rounds); pass --resume to continue it or --force to start over"
         )
-    return ledger
+    return Ledger(paths, record)
 
 
 def _not_started(root: Path) -> bool:
@@ -159,7 +177,7 @@ def _not_started(root: Path) -> bool:
 
 class _RunMarks(StrictRecord):
     """What makes a ``run.json`` simpipe's: a run with other fields damaged is still one
-    (``--force`` replaces it; ``simpipe.store.integrity.read_ledger`` refuses to resume it)."""
+    (``--force`` replaces it; ``simpipe.store.record.read_ledger`` refuses to resume it)."""
 
     config_hash: str
     rounds: dict[str, Any]

@@ -1,7 +1,8 @@
 """Reading a run's results back (the public layout, with pandas).
 
 ``read_summary`` and ``read_ledger`` check what they read: a corrupt file raises
-``simpipe.records.CorruptFile`` (a ValueError) naming it.
+``simpipe.records.CorruptFile`` (a ValueError) naming it. ``read_ledger`` gives
+``run.json`` as a typed ``RunRecord`` (``simpipe.store.record``).
 """
 
 from __future__ import annotations
@@ -10,14 +11,20 @@ from pathlib import Path
 
 import pandas as pd
 
-from simpipe.store import integrity
+from simpipe.store import integrity, record
 from simpipe.store.layout import RunPaths
+from simpipe.store.record import RunRecord
 
 
 def read_summary(run_dir: str | Path) -> pd.DataFrame:
-    """``summary.parquet``, checked for the columns of the run's game (from run.json)."""
+    """``summary.parquet`` (one row per round and group; what ``simpipe show`` prints),
+    checked for the columns of the run's game (from run.json). A run with no finished round
+    yet has none: an empty frame with the game's columns."""
     paths = RunPaths(Path(run_dir))
-    game = integrity.run_game(integrity.read_ledger(paths.ledger), paths.ledger)
+    ledger = record.read_ledger(paths.ledger)
+    game = ledger.game()
+    if not ledger.completed_rounds() and not paths.summary.exists():
+        return pd.DataFrame(columns=list(game.summary_columns))
     return integrity.read_summary(paths.summary, game.summary_columns)
 
 
@@ -33,5 +40,8 @@ def read_population(run_dir: str | Path) -> pd.DataFrame:
     return pd.read_parquet(RunPaths(Path(run_dir)).population)
 
 
-def read_ledger(run_dir: str | Path) -> dict:
-    return integrity.read_ledger(RunPaths(Path(run_dir)).ledger)
+def read_ledger(run_dir: str | Path) -> RunRecord:
+    """``run.json``: the run's state, config, per-round records, progress, timings and
+    endpoint counters, typed (``RunRecord``), with the methods callers need
+    (``completed_rounds()``, ``first_incomplete_round()``, ``totals()``, ...)."""
+    return record.read_ledger(RunPaths(Path(run_dir)).ledger)

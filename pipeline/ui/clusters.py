@@ -23,8 +23,8 @@ from simpipe.cluster.state import (
     pid_alive,
     read_state_file,
 )
+from simpipe.records import CorruptFile
 from simpipe.run import lifecycle
-from simpipe.store.integrity import CorruptFile
 from simpipe.ui.security import OutsideRoot, UnsafeName, contained, http_url, safe_child
 
 STATUS_TTL_S = 3.0

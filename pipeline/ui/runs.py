@@ -28,16 +28,10 @@ import pandas as pd
 
 from simpipe.cluster.state import pid_alive
 from simpipe.games.base import Game
-from simpipe.store.integrity import (
-    RESUME_REPAIRS,
-    CorruptFile,
-    expected_bounds,
-    read_ledger,
-    read_part,
-    read_summary,
-    run_game,
-)
+from simpipe.records import CorruptFile
+from simpipe.store.integrity import RESUME_REPAIRS, read_part, read_summary
 from simpipe.store.layout import RunPaths
+from simpipe.store.record import RunRecord, read_ledger
 from simpipe.ui.security import OutsideRoot, UnsafeName, contained, safe_child
 
 # A "running" ledger that nothing has touched for this long belongs to a process that died
@@ -82,11 +76,12 @@ class RunFiles:
         return page if page.is_file() else None
 
 
-def load_ledger(files: RunFiles) -> dict[str, Any]:
+def load_ledger(files: RunFiles) -> RunRecord:
     """The run's checked run.json; RunNotFound once it is gone, CorruptFile if broken."""
     if not files.paths.ledger.exists():
         raise RunNotFound(files.root.name)
-    return read_ledger(files.inside(files.paths.ledger))
+    # Read where it resolves (inside the results root); errors name it under the run.
+    return read_ledger(files.inside(files.paths.ledger)).at(files.paths.ledger)
 
 
 def version(files: RunFiles) -> tuple:
@@ -104,12 +99,11 @@ def version(files: RunFiles) -> tuple:
 
 # --- state ------------------------------------------------------------------------------------
 
-def _last_activity(paths: RunPaths, ledger: dict[str, Any]) -> float:
+def _last_activity(paths: RunPaths, ledger: RunRecord) -> float:
     """Newest mtime among the files a live run keeps touching."""
-    progress = ledger.get("progress") or {}
     candidates = [paths.ledger, paths.log]
-    if "round" in progress:
-        candidates.append(paths.round_dir(int(progress["round"])))
+    if ledger.progress is not None:
+        candidates.append(paths.round_dir(ledger.progress.round))
     times = []
     for p in candidates:
         try:
@@ -119,15 +113,15 @@ def _last_activity(paths: RunPaths, ledger: dict[str, Any]) -> float:
     return max(times, default=0.0)
 
 
-def effective_state(paths: RunPaths, ledger: dict[str, Any],
+def effective_state(paths: RunPaths, ledger: RunRecord,
                     now: float | None = None) -> tuple[str, str | None]:
     """(state to show, why it differs from the ledger's). A process that died leaves
     ``running`` in its ledger forever; that run is shown as interrupted (resumable)."""
-    state = str(ledger.get("state", "unknown"))
+    state = ledger.state
     if state not in ("running", "created"):
         return state, None
-    pid, host = ledger.get("pid"), ledger.get("host")
-    if isinstance(pid, int) and host == socket.gethostname():
+    pid, host = ledger.pid, ledger.host
+    if pid is not None and host == socket.gethostname():
         if not pid_alive(pid):
             return "interrupted", f"its process {pid} is gone"
         return state, None
@@ -148,50 +142,43 @@ def _num(value: Any) -> float | None:
     return v if math.isfinite(v) else None
 
 
-def _complete_rounds(ledger: dict[str, Any]) -> dict[int, dict[str, Any]]:
-    return {int(r): rec for r, rec in (ledger.get("rounds") or {}).items() if rec.get("complete")}
+def _progress(ledger: RunRecord, state: str) -> dict[str, Any] | None:
+    """The live round's progress, for a run that is running."""
+    if state != "running" or ledger.progress is None:
+        return None
+    return ledger.progress.model_dump()
 
 
-def run_row(files: RunFiles, ledger: dict[str, Any]) -> dict[str, Any]:
+def run_row(files: RunFiles, ledger: RunRecord) -> dict[str, Any]:
     """One line of the runs list."""
     state, why = effective_state(files.paths, ledger)
-    rounds = _complete_rounds(ledger)
-    counts = {"ok": 0, "unparsed": 0, "out_of_range": 0, "error": 0}
-    tokens_in = tokens_out = 0
-    for rec in rounds.values():
-        counts["ok"] += int(rec.get("n_valid", 0))
-        counts["unparsed"] += int(rec.get("n_unparsed", 0))
-        counts["out_of_range"] += int(rec.get("n_out_of_range", 0))
-        counts["error"] += int(rec.get("n_error", 0))
-        tokens_in += int(rec.get("tokens_in", 0) or 0)
-        tokens_out += int(rec.get("tokens_out", 0) or 0)
-    wall = _num((ledger.get("timings") or {}).get("wall_s"))
+    totals = ledger.totals()
+    wall = _num(ledger.wall_s)
     if state == "running":
-        created = _parse_time(ledger.get("created_at"))
+        created = _parse_time(ledger.created_at)
         wall = time.time() - created if created else wall
-    config = ledger.get("config") or {}
     try:
         has_report = files.report() is not None
     except OutsideRoot:
         has_report = False
     return {
         "name": files.root.name,
-        "config_hash": ledger.get("config_hash"),
+        "config_hash": ledger.config_hash,
         "state": state,
-        "ledger_state": ledger.get("state"),
+        "ledger_state": ledger.state,
         "state_note": why,
-        "backend": (config.get("agents") or {}).get("backend"),
-        "rounds_done": len(rounds),
-        "rounds_total": ledger.get("rounds_total"),
-        "n_agents": ledger.get("n_agents"),
-        "counts": counts,
-        "tokens_in": tokens_in,
-        "tokens_out": tokens_out,
+        "backend": ledger.backend,
+        "rounds_done": ledger.rounds_done,
+        "rounds_total": ledger.rounds_total,
+        "n_agents": ledger.n_agents,
+        "counts": totals.counts(),
+        "tokens_in": totals.tokens_in,
+        "tokens_out": totals.tokens_out,
         "wall_s": round(wall, 1) if wall is not None else None,
-        "updated_at": ledger.get("updated_at"),
+        "updated_at": ledger.updated_at,
         "cancel_requested": files.paths.cancel_flag.exists(),
         "has_report": has_report,
-        "progress": ledger.get("progress") if state == "running" else None,
+        "progress": _progress(ledger, state),
         "problem": None,
     }
 
@@ -255,11 +242,11 @@ def run_detail(files: RunFiles) -> dict[str, Any]:
     A broken file is named in ``problem``; what can still be read is shown."""
     try:
         ledger = load_ledger(files)
-        game = run_game(ledger, files.paths.ledger)
+        game = ledger.game()
     except (CorruptFile, OutsideRoot) as exc:
         return {**broken_row(files.root.name, _problem(files.root, exc)), **EMPTY_DETAIL}
     row = run_row(files, ledger)
-    done = _complete_rounds(ledger)
+    done = ledger.finished_rounds()
     problems: list[str] = []
     try:
         per_round = _summary_by_round(files, game) if done else {}
@@ -267,14 +254,12 @@ def run_detail(files: RunFiles) -> dict[str, Any]:
         per_round = {}
         problems.append(_problem(files.root, exc))
     chart = []
-    for r in sorted(done):
-        rec = done[r]
+    for r, rec in done.items():
         chart.append({
-            "round": r, "n": rec.get("n"), "n_valid": rec.get("n_valid"),
-            "n_unparsed": rec.get("n_unparsed"), "n_out_of_range": rec.get("n_out_of_range"),
-            "n_error": rec.get("n_error"), "mean": _num(rec.get("mean")),
-            **per_round.get(r, {}), "elapsed_s": rec.get("elapsed_s"),
-            "agents_per_s": rec.get("agents_per_s"),
+            "round": r, "n": rec.n, "n_valid": rec.n_valid, "n_unparsed": rec.n_unparsed,
+            "n_out_of_range": rec.n_out_of_range, "n_error": rec.n_error,
+            "mean": _num(rec.mean), **per_round.get(r, {}), "elapsed_s": rec.elapsed_s,
+            "agents_per_s": rec.agents_per_s,
         })
     histogram = None
     if done:
@@ -286,11 +271,10 @@ def run_detail(files: RunFiles) -> dict[str, Any]:
         if histogram is not None:
             mark = game.round_mark(per_round.get(last, {}))
             histogram["mark"] = None if mark is None else {"label": mark[0], "value": mark[1]}
-    config = ledger.get("config") or {}
     return {
         **row,
         "problem": "; ".join(problems) or None,
-        "game": config.get("game") or {},
+        "game": ledger.section("game"),
         "kind": game.kind,
         "describe": game.describe(),
         "answer_plural": game.answer_plural,
@@ -298,15 +282,15 @@ def run_detail(files: RunFiles) -> dict[str, Any]:
         "equilibrium_name": game.equilibrium_name,
         "chart": _chart(game),
         "round_columns": [list(c) for c in game.page_columns],
-        "n_partitions": ledger.get("n_partitions"),
-        "progress": ledger.get("progress") if row["state"] == "running" else None,
+        "n_partitions": ledger.n_partitions,
+        "progress": _progress(ledger, row["state"]),
         "rounds": chart,
         "histogram": histogram,
-        "endpoints": ledger.get("endpoints") or {},
-        "timings": ledger.get("timings") or {},
-        "error": ledger.get("error"),
-        "scheduler": ledger.get("scheduler"),
-        "created_at": ledger.get("created_at"),
+        "endpoints": ledger.endpoints,
+        "timings": ledger.timings,
+        "error": ledger.error,
+        "scheduler": ledger.scheduler,
+        "created_at": ledger.created_at,
     }
 
 
@@ -355,10 +339,10 @@ def _summary_by_round(files: RunFiles, game: Game) -> dict[int, dict[str, float 
     return _cached(("summary", str(path), st.st_mtime_ns, st.st_size, game.kind), compute)
 
 
-def _histogram(files: RunFiles, ledger: dict[str, Any], round_index: int,
+def _histogram(files: RunFiles, ledger: RunRecord, round_index: int,
                game: Game) -> dict[str, Any] | None:
     """The answers of a finished round, every part file checked (CorruptFile names one)."""
-    bounds = expected_bounds(ledger, files.paths.ledger)
+    bounds = ledger.partition_bounds()
     parts = [files.inside(files.paths.round_part(round_index, k)) for k in range(len(bounds))]
     stamps = []
     for part in parts:
@@ -384,7 +368,7 @@ def _histogram(files: RunFiles, ledger: dict[str, Any], round_index: int,
 
 # --- actions ----------------------------------------------------------------------------------
 
-def _ledger_for_action(files: RunFiles) -> dict[str, Any]:
+def _ledger_for_action(files: RunFiles) -> RunRecord:
     try:
         return load_ledger(files)
     except (CorruptFile, OutsideRoot) as exc:

@@ -94,7 +94,7 @@ def test_cluster_up_run_failover_down(tmp_path: Path, simpipe_home: Path,
         rounds = read_rounds(tmp_path / "results/llm")
         assert len(rounds) == 24 and rounds["agent_id"].is_unique
         assert (rounds["status"] != "error").all(), rounds["error"].dropna().tolist()
-        counters = read_ledger(tmp_path / "results/llm")["endpoints"]
+        counters = read_ledger(tmp_path / "results/llm").endpoints
         survivor = state["servers"][1]["url"]
         assert counters[survivor]["requests"] - counters[survivor]["errors"] > 0
         status = json.loads(simpipe("cluster", "status", "t", "--json").stdout)
@@ -149,4 +149,4 @@ dashboard_address = ""
     assert done.returncode == 0, log
     rounds = read_rounds(tmp_path / "results/batch")
     assert len(rounds) == 6000
-    assert read_ledger(tmp_path / "results/batch")["state"] == "finished"
+    assert read_ledger(tmp_path / "results/batch").state == "finished"

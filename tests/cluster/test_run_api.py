@@ -52,9 +52,9 @@ def test_run_simulation_starts_server_jobs_runs_on_them_and_leaves_no_job(
     rounds = read_rounds(result.run_dir)
     assert len(rounds) == 400 and (rounds["status"] == "ok").all()
     ledger = read_ledger(result.run_dir)
-    assert ledger["state"] == "finished"
-    assert sorted(ledger["endpoints"]) == urls
-    assert all(c["requests"] > 0 for c in ledger["endpoints"].values())
+    assert ledger.state == "finished"
+    assert sorted(ledger.endpoints) == urls
+    assert all(c["requests"] > 0 for c in ledger.endpoints.values())
     # Every job this run started (named in its job logs): the server job and the worker job.
     ids = {p.stem.rsplit("-", 1)[1] for p in logs.glob("*.out")}
     assert {p.name.split("-")[1] for p in logs.glob("*.out")} == {"run", "worker"}
