@@ -35,7 +35,11 @@ from simpipe.cluster.server_kinds import (
     ServerKindPlugin,
     kind_description,
 )
-from simpipe.servers.emulator_profiles import get_profile
+from simpipe.servers.emulator_profiles import (
+    MAX_GPUS_PER_PROCESS,
+    TIME_SCALE_RANGE,
+    get_profile,
+)
 
 _WALLTIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d{1,2}))?(?::(\d{1,2}))?$")
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*(s|m|h|d)?$")
@@ -143,10 +147,11 @@ class EmulatedServersConfig(_Section):
     params: dict[str, float] = Field(default_factory=dict, description=(
         "per-parameter overrides of the profile: `max_batch`, `max_batch_prefill_tokens`, "
         "`max_concurrent_requests`, `prefill_s_per_token`, `step_base_s`, `step_per_seq_s`"))
-    time_scale: float = Field(1.0, gt=0, description=(
+    time_scale: FiniteFloat = Field(1.0, ge=TIME_SCALE_RANGE[0], le=TIME_SCALE_RANGE[1],
+                                    description=(
         "the emulation runs this many times faster than the GPUs would; every figure it "
         "reports is GPU time"))
-    gpus_per_process: int = Field(8, ge=1, description=(
+    gpus_per_process: int = Field(8, ge=1, le=MAX_GPUS_PER_PROCESS, description=(
         "emulated GPUs (servers, consecutive ports) per emulator process, i.e. per SLURM job"))
     protocol: Literal["tgi", "openai"] = Field("tgi", description=(
         "`tgi`: TGI's routes (and the OpenAI ones TGI also serves); `openai`: vLLM's OpenAI "

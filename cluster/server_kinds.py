@@ -18,10 +18,13 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
+from simpipe.servers.emulator_profiles import INTEGER_LIMITS
+
 #: TGI's --max-concurrent-requests default.
 TGI_MAX_CONCURRENT = 128
-#: vLLM (and llama.cpp's server) queue every request; they never answer 429.
-NO_LIMIT = 1_000_000
+#: vLLM (and llama.cpp's server) queue every request and never answer 429; an emulator needs
+#: a bound (each waiting request holds memory): the largest it takes.
+NO_LIMIT = INTEGER_LIMITS["max_concurrent_requests"]
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,8 @@ ALLOWED = frozenset({
     # The emulator's wire protocols (HTTP route sets and error styles), named after the
     # servers they imitate.
     ("pipeline/servers/contract.py", "tgi", "compare"),
+    ("pipeline/servers/contract.py", "tgi", "key"),
+    ("pipeline/servers/contract.py", "openai", "key"),
     ("pipeline/servers/emulator.py", "openai", "compare"),
 })
 

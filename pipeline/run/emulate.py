@@ -12,11 +12,16 @@ work on this machine is made to work, and said in one line each:
   partitions, node size, and, when its nodes are this machine, the network interfaces);
   otherwise they run on the SLURM that answers with settings that fit it, and without any
   SLURM in a ``LocalCluster``, the emulators then as local processes.
+- The emulators listen where the workers reach them: on loopback when every SLURM node is
+  this machine at a loopback address (or no SLURM answers), on that one address when every
+  node is this machine at it; only on a real multi-node cluster on the configured
+  ``cluster.servers.host``.
 - Results go to ``<run.name>-emulated``: emulated answers never mix with a real run's.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import os
 import shlex
@@ -33,6 +38,7 @@ from simpipe.config import Config, config_from_dict
 from simpipe.errors import SimpipeError
 from simpipe.inference.endpoints import is_local
 
+LOOPBACK = "127.0.0.1"
 SUFFIX = "-emulated"
 #: The server kind that replaces the configured one.
 EMULATOR_KIND = next(kind.name for kind in SERVER_KINDS.values() if kind.emulator)
@@ -50,6 +56,7 @@ class Site:
     partitions: list[slurm.Partition] = field(default_factory=list)
     local_nodes: bool = False  # every node is this machine
     interfaces: frozenset[str] = frozenset()  # this machine's network interfaces
+    node_addresses: frozenset[str] = frozenset()  # the nodes' NodeAddr: what workers dial
 
     @property
     def cpus(self) -> int:
@@ -71,10 +78,33 @@ def probe_site() -> Site:
     try:
         parts = slurm.partitions()
         nodes = {n for p in parts for n in slurm.expand_nodelist(p.nodes)}
-        local = bool(nodes) and all(is_local(f"http://{slurm.node_address(n)}") for n in nodes)
+        addresses = frozenset(slurm.node_address(n) for n in nodes)
+        local = bool(nodes) and all(is_local(f"http://{a}") for a in addresses)
     except slurm.SlurmError as exc:
         return Site(str(exc), interfaces=interfaces)
-    return Site(None, parts, local, interfaces)
+    return Site(None, parts, local, interfaces, addresses)
+
+
+def _is_loopback(address: str) -> bool:
+    if address.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False
+
+
+def bind_host(site: Site) -> str | None:
+    """Where emulators on ``site`` listen so that exactly the workers reach them: loopback
+    when every node is this machine at a loopback address, that address when every node is
+    this machine at one other address; None (the configured host) on other clusters."""
+    if not site.local_nodes or not site.node_addresses:
+        return None
+    if all(_is_loopback(a) for a in site.node_addresses):
+        return LOOPBACK
+    if len(site.node_addresses) == 1:
+        return next(iter(site.node_addresses))
+    return None
 
 
 def _misfits(cluster: Any, site: Site) -> list[str]:
@@ -177,6 +207,7 @@ def _place(config: Config, cluster: dict, servers: dict, site: Site, notes: list
     cfg = config.cluster
     count = servers["nodes"] * servers["per_node"]
     if cfg.kind != "slurm":
+        servers["host"] = LOOPBACK
         _local_emulators(servers, count, site, notes)
         return
     if site.problem is not None:
@@ -185,12 +216,16 @@ def _place(config: Config, cluster: dict, servers: dict, site: Site, notes: list
         local = {"kind": "local", "workers": workers, "memory_limit": "auto",
                  "threads_per_worker": max(1, cfg.cores // cfg.processes),
                  "dashboard_address": cfg.dashboard_address, "servers": servers}
+        servers["host"] = LOOPBACK
         cluster.clear()
         cluster.update(local)
         notes.append(f"--emulate: no SLURM answers ({site.problem}): workers run in a "
                      f"LocalCluster ({workers} worker process(es))")
         _local_emulators(servers, count, site, notes)
         return
+    host = bind_host(site)
+    if host is not None:
+        servers["host"] = host
     misfits = _misfits(cfg, site)
     if not misfits:
         return

@@ -19,6 +19,11 @@ reasoning over ``REASONING_SHARE`` of the token budget first, so emulated CoT ru
 as many tokens as a model would. GBNF is not interpreted: the answer is an integer 0..100,
 which is what simpipe's grammars admit.
 
+Context: the prompt and the token budget must fit ``context_tokens`` (8,192 by default, Llama
+3 8B's; TGI: the prompt also ``MAX_INPUT_TOKENS``), checked with TGI's and vLLM's messages,
+so an answer is never longer than a real server's could be. Regexes are matched without
+backtracking (``regex_automaton``): a pattern past its budget is refused as too complex.
+
 Token counts are an approximation, there is no tokenizer here: a prompt counts one token
 per 4 characters (English text averages about 4 bytes per token with the Llama and GPT
 tokenizers), at least 1; an answer counts one token per character (numbers digit by digit,
@@ -29,7 +34,6 @@ end-of-sequence token is not counted.
 from __future__ import annotations
 
 import json
-import re
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,6 +41,13 @@ from typing import Any
 
 from simpipe.games.answer_format import ANSWER_MARKER
 from simpipe.servers.http import HttpRequest, HttpResponse
+from simpipe.servers.regex_automaton import (
+    Automaton,
+    RegexError,
+    RegexTooComplex,
+    compile_regex,
+)
+from simpipe.servers.regex_automaton import forget as forget_regex
 
 MAX_INPUT_TOKENS = 4096
 MAX_TOTAL_TOKENS = 8192
@@ -86,6 +97,16 @@ def overloaded() -> HttpResponse:
     return json_response({"error": "Model is overloaded", "error_type": "overloaded"}, 429)
 
 
+def queue_full(style: str, limit_bytes: int) -> HttpResponse:
+    """503 in the route's style: the waiting requests already hold ``limit_bytes``."""
+    message = (f"queue full: the waiting requests hold more than {limit_bytes // 2**20} MiB; "
+               "try again")
+    if style == "tgi":
+        return json_response({"error": message, "error_type": "overloaded"}, 503)
+    err = {"message": message, "type": "server_error", "param": None, "code": 503}
+    return json_response({"error": err}, 503)
+
+
 def route(request: HttpRequest, gets: dict[str, Callable[[], HttpResponse]],
           openai_only: bool = False) -> HttpResponse | tuple[str, str, Any]:
     """A GET route's answer, an error, or a generation route's ``(kind, error style, JSON
@@ -128,11 +149,12 @@ _REASONING = ("Others will guess around the middle, and two thirds of that is lo
 
 
 def answer_number(seed: int | None, prompt: str, regex: str | None) -> str:
-    """A deterministic number 0..100 (matching ``regex`` when possible)."""
+    """A deterministic number 0..100 (matching ``regex`` when possible); ``RegexError``
+    for a regex that cannot be matched cheaply."""
     n = zlib.crc32(f"{seed}|{prompt}".encode()) % 101
     if regex is None:
         return str(n)
-    pattern = re.compile(regex)
+    pattern = compile_regex(regex)
     for k in range(101):
         candidate = str((n + k) % 101)
         if pattern.fullmatch(candidate):
@@ -143,16 +165,48 @@ def answer_number(seed: int | None, prompt: str, regex: str | None) -> str:
 def answer_text(seed: int | None, prompt: str, regex: str | None, max_tokens: int) -> str:
     """The answer: the number, or, when the regex asks for reasoning before the answer marker
     (simpipe's chain-of-thought constraint), reasoning that fills ``REASONING_SHARE`` of the
-    token budget, then the marker and the number."""
+    token budget, then the marker and the number. ``RegexError`` as ``answer_number``."""
     number = answer_number(seed, prompt, regex)
-    if regex is None or re.fullmatch(regex, number):
+    if regex is None:
+        return number
+    pattern = compile_regex(regex)
+    if pattern.fullmatch(number):
         return number
     tail = f" {ANSWER_MARKER} {number}"
     room = max(0, int(max_tokens * REASONING_SHARE) - len(tail))
     reasoning = (_REASONING * (room // len(_REASONING) + 1))[:room]
-    if re.fullmatch(regex, reasoning + tail):
+    if pattern.fullmatch(reasoning + tail):
         return reasoning + tail
     return number
+
+
+#: style -> (how the real server words a bad regex, what it calls the regex, its param)
+_REGEX_WORDS = {"tgi": ("grammar is not valid", "grammar", None),
+                "openai": ("invalid regex", "regex", "structured_outputs")}
+
+
+def _answer(seed: int | None, prompt: str, regex: str | None, max_tokens: int,
+            style: str) -> str:
+    """``answer_text``; a regex that runs out of budget makes the request ``Invalid``."""
+    try:
+        return answer_text(seed, prompt, regex, max_tokens)
+    except RegexError as exc:
+        raise _regex_invalid(regex or "", exc, style) from None
+
+
+def _regex_invalid(regex: str, exc: RegexError, style: str) -> Invalid:
+    invalid, name, param = _REGEX_WORDS[style]
+    if isinstance(exc, RegexTooComplex):
+        forget_regex(regex)  # a later request with it starts with a fresh budget
+        return Invalid(f"{name} is too complex: {exc}", param)
+    return Invalid(f"{invalid}: {exc}", param)
+
+
+def _matcher(regex: str, style: str) -> Automaton:
+    try:
+        return compile_regex(regex)
+    except RegexError as exc:
+        raise _regex_invalid(regex, exc, style) from None
 
 
 def _cut(text: str, stop: list[str], max_tokens: int) -> tuple[str, str]:
@@ -184,15 +238,16 @@ class Generation:
         return len(self.text)
 
 
-def parse(kind: str, body: Any) -> Generation:
-    """Validate a request body for a route kind and compute its answer; ``Invalid`` if bad."""
+def parse(kind: str, body: Any, context_tokens: int = MAX_TOTAL_TOKENS) -> Generation:
+    """Validate a request body for a route kind and compute its answer; ``Invalid`` if bad.
+    ``context_tokens``: the served model's context (prompt + token budget)."""
     if not isinstance(body, dict):
         raise Invalid("request body must be a JSON object")
     if kind == "completion":
-        return _parse_completion(body)
+        return _parse_completion(body, context_tokens)
     if kind == "chat":
-        return _parse_chat(body)
-    return _parse_tgi(kind, body)
+        return _parse_chat(body, context_tokens)
+    return _parse_tgi(kind, body, context_tokens)
 
 
 def render(gen: Generation, headers: dict | None = None) -> HttpResponse:
@@ -218,7 +273,7 @@ def _events(events: list[Any]) -> HttpResponse:
 # --- TGI ------------------------------------------------------------------------------------
 
 
-def _parse_tgi(kind: str, body: dict) -> Generation:
+def _parse_tgi(kind: str, body: dict, context_tokens: int) -> Generation:
     inputs = body.get("inputs")
     p = body.get("parameters") or {}
     if not isinstance(inputs, str):
@@ -238,9 +293,12 @@ def _parse_tgi(kind: str, body: dict) -> Generation:
         if not isinstance(truncate, int) or truncate <= 0:
             raise Invalid("`truncate` must be strictly positive")
         n_in = min(n_in, truncate)
-    if n_in + max_new > MAX_TOTAL_TOKENS:
+    max_input = min(MAX_INPUT_TOKENS, context_tokens - 1)
+    if n_in > max_input:
+        raise Invalid(f"`inputs` must have less than {max_input} tokens. Given: {n_in}")
+    if n_in + max_new > context_tokens:
         raise Invalid(
-            f"`inputs` tokens + `max_new_tokens` must be <= {MAX_TOTAL_TOKENS}. "
+            f"`inputs` tokens + `max_new_tokens` must be <= {context_tokens}. "
             f"Given: {n_in} `inputs` tokens and {max_new} `max_new_tokens`"
         )
     for name in ("temperature", "repetition_penalty", "frequency_penalty", "top_k"):
@@ -266,11 +324,15 @@ def _parse_tgi(kind: str, body: dict) -> Generation:
             f"`stop` supports up to {MAX_STOP_SEQUENCES} stop sequences. Given: {len(stop)}"
         )
     regex, schema = _tgi_grammar(p.get("grammar"))
-    text = answer_text(seed, inputs, regex, max_new)
+    text = _answer(seed, inputs, regex, max_new, "tgi")
     if schema is not None:
         text = _json_answer(schema, text)
     text, finish = _cut(text, stop, max_new)
-    return Generation(kind, text, finish, n_in, seed, bool(body.get("stream")), body, inputs)
+    # Only what the answer shows is kept: a request may wait in a queue for long.
+    shown = {k: p[k] for k in ("return_full_text", "details", "decoder_input_details",
+                               "top_n_tokens", "best_of") if k in p}
+    return Generation(kind, text, finish, n_in, seed, bool(body.get("stream")),
+                      {"parameters": shown}, inputs)
 
 
 def _check_best_of(p: dict, seed: Any, stream: bool) -> None:
@@ -301,7 +363,7 @@ def _tgi_grammar(grammar: Any) -> tuple[str | None, dict | None]:
     if grammar["type"] == "regex":
         if not isinstance(value, str) or not value:
             raise Invalid("grammar is not valid: regex `value` must be a non-empty string")
-        _compile(value, None)
+        _matcher(value, "tgi")
         return value, None
     if isinstance(value, str):
         try:
@@ -311,13 +373,6 @@ def _tgi_grammar(grammar: Any) -> tuple[str | None, dict | None]:
     if not isinstance(value, dict) or not isinstance(value.get("properties"), dict):
         raise Invalid("grammar is not valid: Grammar must have a 'properties' field")
     return None, value
-
-
-def _compile(regex: str, param: str | None) -> None:
-    try:
-        re.compile(regex)
-    except re.error as exc:
-        raise Invalid(f"grammar is not valid: {exc}", param) from None
 
 
 def _json_answer(schema: dict, number: str) -> str:
@@ -380,7 +435,8 @@ def _tgi_events(gen: Generation) -> list[dict]:
     return events
 
 
-def tgi_info(max_concurrent: int, model_id: str, version: str) -> dict:
+def tgi_info(max_concurrent: int, model_id: str, version: str,
+             max_total_tokens: int = MAX_TOTAL_TOKENS) -> dict:
     """``GET /info`` of a TGI server (the fields TGI 3.x reports)."""
     return {
         "model_id": model_id,
@@ -389,8 +445,8 @@ def tgi_info(max_concurrent: int, model_id: str, version: str) -> dict:
         "max_concurrent_requests": max_concurrent,
         "max_best_of": MAX_BEST_OF,
         "max_stop_sequences": MAX_STOP_SEQUENCES,
-        "max_input_tokens": MAX_INPUT_TOKENS,
-        "max_total_tokens": MAX_TOTAL_TOKENS,
+        "max_input_tokens": min(MAX_INPUT_TOKENS, max_total_tokens - 1),
+        "max_total_tokens": max_total_tokens,
         "validation_workers": 2,
         "max_client_batch_size": 4,
         "router": "text-generation-router",
@@ -403,7 +459,7 @@ def tgi_info(max_concurrent: int, model_id: str, version: str) -> dict:
 # --- OpenAI ---------------------------------------------------------------------------------
 
 
-def _parse_completion(body: dict) -> Generation:
+def _parse_completion(body: dict, context_tokens: int) -> Generation:
     prompt = body.get("prompt")
     if not isinstance(prompt, str) or not prompt:
         raise Invalid("'prompt' must be a non-empty string", "prompt")
@@ -411,10 +467,10 @@ def _parse_completion(body: dict) -> Generation:
     if logprobs is not None and (not isinstance(logprobs, int) or isinstance(logprobs, bool)
                                  or not 0 <= logprobs <= MAX_LOGPROBS):
         raise Invalid(f"logprobs must be an integer 0..{MAX_LOGPROBS}", "logprobs")
-    return _openai_generation("completion", body, prompt)
+    return _openai_generation("completion", body, prompt, context_tokens)
 
 
-def _parse_chat(body: dict) -> Generation:
+def _parse_chat(body: dict, context_tokens: int) -> Generation:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise Invalid("'messages' must be a non-empty list", "messages")
@@ -432,13 +488,24 @@ def _parse_chat(body: dict) -> Generation:
         raise Invalid(f"top_logprobs must be an integer 0..{MAX_LOGPROBS}", "top_logprobs")
     if top and not body.get("logprobs"):
         raise Invalid("top_logprobs needs logprobs = true", "top_logprobs")
-    return _openai_generation("chat", body, "".join(parts))
+    return _openai_generation("chat", body, "".join(parts), context_tokens)
 
 
-def _openai_generation(kind: str, body: dict, prompt: str) -> Generation:
+def _openai_generation(kind: str, body: dict, prompt: str, context_tokens: int) -> Generation:
     max_tokens = body.get("max_tokens", body.get("max_completion_tokens", 16))
     if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
         raise Invalid("max_tokens must be at least 1", "max_tokens")
+    n_in = prompt_tokens(prompt)
+    if n_in >= context_tokens:  # vLLM's words
+        raise Invalid(f"This model's maximum context length is {context_tokens} tokens. "
+                      f"However, your request has {n_in} input tokens. Please reduce the "
+                      "length of the input messages.", "messages" if kind == "chat" else
+                      "prompt")
+    if n_in + max_tokens > context_tokens:
+        raise Invalid(f"'max_tokens' or 'max_completion_tokens' is too large: {max_tokens}. "
+                      f"This model's maximum context length is {context_tokens} tokens and "
+                      f"your request has {n_in} input tokens ({max_tokens} > {context_tokens}"
+                      f" - {n_in}).", "max_tokens")
     temperature = body.get("temperature", 1.0)
     if temperature is None:
         temperature = 1.0
@@ -468,10 +535,7 @@ def _openai_generation(kind: str, body: dict, prompt: str) -> Generation:
     if regex is not None:
         if not isinstance(regex, str):
             raise Invalid("regex must be a string", "structured_outputs")
-        try:
-            re.compile(regex)
-        except re.error as exc:
-            raise Invalid(f"invalid regex: {exc}", "structured_outputs") from None
+        _matcher(regex, "openai")
     stop = body.get("stop") or []
     if isinstance(stop, str):
         stop = [stop]
@@ -483,7 +547,7 @@ def _openai_generation(kind: str, body: dict, prompt: str) -> Generation:
     min_tokens = body.get("min_tokens") or 0
     if not isinstance(min_tokens, int) or min_tokens < 0 or min_tokens > max_tokens:
         raise Invalid("min_tokens must be an integer 0..max_tokens", "min_tokens")
-    text = answer_text(seed, prompt, regex, max_tokens)
+    text = _answer(seed, prompt, regex, max_tokens, "openai")
     text, finish = _cut(text, stop, max_tokens)
     # vLLM's extensions that fix the output length (its own benchmarks send ignore_eos):
     # the answer goes on with spaces, as a model that may not stop goes on with something.
@@ -491,7 +555,13 @@ def _openai_generation(kind: str, body: dict, prompt: str) -> Generation:
         text, finish = text.ljust(max_tokens), "length"
     elif len(text) < min_tokens:
         text = text.ljust(min_tokens)
-    return Generation(kind, text, finish, prompt_tokens(prompt), seed, stream, body, prompt)
+    # Only what the answer shows is kept: a request may wait in a queue for long.
+    options = body.get("stream_options")
+    shown = {"model": body.get("model"), "echo": body.get("echo"),
+             "logprobs": body.get("logprobs"), "top_logprobs": body.get("top_logprobs"),
+             "stream_options": {"include_usage": bool(options.get("include_usage"))}
+             if isinstance(options, dict) else None}
+    return Generation(kind, text, finish, n_in, seed, stream, shown, prompt)
 
 
 def _finish(gen: Generation) -> str:

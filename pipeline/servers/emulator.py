@@ -4,7 +4,8 @@ with published sources (``emulator_profiles``).
 
     python -m simpipe.servers.emulator --port 8300 --gpus 8 --profile a100-llama3-8b
         [--time-scale 10] [--protocol tgi|openai|both] [--model-id ID] [--host 0.0.0.0]
-        [--max-batch 128 ...one flag per profile parameter] [--list-profiles]
+        [--max-batch 128 ...one flag per profile parameter] [--max-queued-mb 64]
+        [--list-profiles]
 
 One process serves ``--gpus`` independent emulated GPUs on consecutive ports from
 ``--port`` (``--port 0``: free ports), each with its own scheduler, queue and counters: the
@@ -21,6 +22,13 @@ encoded answer; no task per request, and one shared timer wakes the fleet at mos
 ``--tick-s`` (1 ms) to compute the steps that have ended and send what finished.
 Prints ``simpipe-emulator listening on URL [URL ...]`` when every port listens, and serves
 until SIGTERM or SIGINT.
+
+Bounds, so that no request can freeze or bloat the process: the HTTP layer's (``http``:
+head, URL and body sizes, bodies being received), the contract's (``contract``: the context,
+regexes matched without backtracking), the profile's ``max_concurrent_requests`` (429), and
+``--max-queued-mb``: the requests waiting in this process's queues hold at most that much
+(their bodies and answers; 503 beyond). Settings are checked at start: a value that is not
+finite or outside its range is one line on stderr, exit status 2.
 """
 
 from __future__ import annotations
@@ -40,18 +48,30 @@ from simpipe.servers import contract as contract
 from simpipe.servers.emulator_model import GpuScheduler, Series
 from simpipe.servers.emulator_profiles import (
     DEFAULT_PROFILE,
+    MAX_GPUS_PER_PROCESS,
     PARAMETERS,
     PROFILES,
+    TIME_SCALE_RANGE,
     GpuProfile,
     get_profile,
 )
-from simpipe.servers.http import HttpRequest, HttpResponse, HttpServer
+from simpipe.servers.http import BodyBudget, HttpRequest, HttpResponse, HttpServer
 from simpipe.servers.process import ServerProcess
 
 READY_LINE = "simpipe-emulator listening on"
 VERSION = "simpipe-emulator-1"
 SERIES_COLUMNS = ("t_s", "running", "queued", "busy_s", "work_s", "completed")
 PROTOCOLS = ("tgi", "openai", "both")
+SAMPLE_S_RANGE = (0.001, 3600.0)  # a stats sample every 0 s would spin a core
+TICK_S_RANGE = (0.0, 1.0)
+MAX_QUEUED_MB_RANGE = (1.0, 65_536.0)
+
+
+def _in_range(option: str, value: float, bounds: tuple[float, float]) -> None:
+    low, high = bounds
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not math.isfinite(value) or not low <= value <= high:
+        raise ValueError(f"{option} {value!r}: expected a number from {low:g} to {high:g}")
 
 
 @dataclass
@@ -65,12 +85,19 @@ class EmulatorOptions:
     port: int = 0  # the first GPU's; 0: a free port each
     sample_s: float = 0.1  # real seconds between time-series samples
     tick_s: float = 0.001  # real seconds: the fleet wakes at most this often
+    max_queued_mb: float = 64.0  # what the waiting requests of all GPUs may hold together
 
     def __post_init__(self) -> None:
-        if self.gpus < 1:
-            raise ValueError("gpus must be at least 1")
-        if not self.time_scale > 0 or math.isinf(self.time_scale):
-            raise ValueError("time_scale must be a positive number")
+        """ValueError naming the option (as on the command line) and its range."""
+        if isinstance(self.gpus, bool) or not isinstance(self.gpus, int) \
+                or not 1 <= self.gpus <= MAX_GPUS_PER_PROCESS:
+            raise ValueError(f"--gpus {self.gpus!r}: expected an integer from 1 to "
+                             f"{MAX_GPUS_PER_PROCESS} "
+                             "(more GPUs: more emulator processes)")
+        _in_range("--time-scale", self.time_scale, TIME_SCALE_RANGE)
+        _in_range("--sample-s", self.sample_s, SAMPLE_S_RANGE)
+        _in_range("--tick-s", self.tick_s, TICK_S_RANGE)
+        _in_range("--max-queued-mb", self.max_queued_mb, MAX_QUEUED_MB_RANGE)
         if self.protocol not in PROTOCOLS:
             raise ValueError(f"protocol must be one of {', '.join(PROTOCOLS)}")
         if self.port and self.port + self.gpus - 1 > 65535:
@@ -104,6 +131,9 @@ class Emulator:
         self._sampler: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._openai_only = options.protocol == "openai"
+        self._bodies = BodyBudget()  # bodies being received, over every GPU's port
+        self._queued_bytes = 0  # held by requests in the GPUs' queues (bodies, answers)
+        self._max_queued_bytes = int(options.max_queued_mb * 2**20)
 
     @property
     def urls(self) -> list[str]:
@@ -114,7 +144,7 @@ class Emulator:
         try:
             for gpu in self._gpus:
                 port = self.options.port + gpu.index if self.options.port else 0
-                gpu.http = HttpServer(self._handler(gpu), self.options.host, port)
+                gpu.http = HttpServer(self._handler(gpu), self.options.host, port, self._bodies)
                 gpu.port = await gpu.http.start()
         except OSError:
             await self.stop()
@@ -178,7 +208,8 @@ class Emulator:
     def _finish(self, gpu: _Gpu, now: float) -> None:
         """Compute ``gpu``'s steps up to ``now`` and answer every request that finished."""
         for done in gpu.scheduler.advance(now):
-            fut, gen = done.handle
+            fut, gen, cost = done.handle
+            self._queued_bytes -= cost
             if fut.done():  # the client went away
                 continue
             headers = {"x-queue-time": str(round((done.started_s - done.arrived_s) * 1000)),
@@ -208,7 +239,8 @@ class Emulator:
         }
         if not self._openai_only:
             gets["/info"] = lambda: contract.json_response(contract.tgi_info(
-                self.options.profile.max_concurrent_requests, self.options.model_id, VERSION))
+                self.options.profile.max_concurrent_requests, self.options.model_id, VERSION,
+                self.options.profile.context_tokens))
 
         def dispatch(request: HttpRequest) -> HttpResponse | Awaitable[HttpResponse]:
             routed = contract.route(request, gets, self._openai_only)
@@ -216,7 +248,7 @@ class Emulator:
                 return routed
             kind, style, body = routed
             try:
-                gen = contract.parse(kind, body)
+                gen = contract.parse(kind, body, self.options.profile.context_tokens)
             except contract.Invalid as exc:
                 gpu.invalid += 1
                 return contract.error_response(style, str(exc), exc.param)
@@ -224,9 +256,17 @@ class Emulator:
                 gpu.invalid += 1  # vLLM serves one model and knows its name
                 return contract.error_response(
                     style, f"The model `{body.get('model')}` does not exist.", "model", 404)
+            # What a waiting request holds: less than its body (only what the answer shows
+            # is kept) and its answer.
+            cost = len(request.body) + gen.tokens_out
+            if self._queued_bytes + cost > self._max_queued_bytes:
+                gpu.scheduler.rejected += 1
+                return contract.queue_full(style, self._max_queued_bytes)
             fut = self._loop.create_future()  # type: ignore[union-attr]
-            if not gpu.scheduler.submit(self._now(), (fut, gen), gen.tokens_in, gen.tokens_out):
+            if not gpu.scheduler.submit(self._now(), (fut, gen, cost), gen.tokens_in,
+                                        gen.tokens_out):
                 return contract.overloaded()
+            self._queued_bytes += cost
             due = self._due(gpu)
             if due < gpu.due_at:
                 gpu.due_at = due
@@ -281,12 +321,15 @@ class EmulatorProcess(ServerProcess):
 
     def __init__(self, *, gpus: int = 1, profile: str = "fast", time_scale: float = 1.0,
                  protocol: str = "both", port: int = 0, model_id: str | None = None,
-                 params: dict[str, float] | None = None, start_timeout_s: float = 60.0) -> None:
+                 params: dict[str, float] | None = None, start_timeout_s: float = 60.0,
+                 max_queued_mb: float | None = None) -> None:
         command = [sys.executable, "-m", "simpipe.servers.emulator", "--gpus", str(gpus),
                    "--profile", profile, "--time-scale", repr(time_scale),
                    "--protocol", protocol, "--port", str(port)]
         if model_id:
             command += ["--model-id", model_id]
+        if max_queued_mb is not None:
+            command += ["--max-queued-mb", repr(max_queued_mb)]
         for name, value in (params or {}).items():
             command += [f"--{name.replace('_', '-')}", repr(value)]
         super().__init__(command, READY_LINE, name="emulator", start_timeout_s=start_timeout_s,
@@ -308,6 +351,8 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="the served model's name (/info, /v1/models; vLLM checks it)")
     ap.add_argument("--sample-s", type=float, default=0.1, help="real seconds per stats sample")
     ap.add_argument("--tick-s", type=float, default=0.001, help="real seconds per fleet wake-up")
+    ap.add_argument("--max-queued-mb", type=float, default=64.0,
+                    help="MiB the waiting requests of all GPUs may hold (503 beyond)")
     for name, meaning in PARAMETERS.items():
         ap.add_argument(f"--{name.replace('_', '-')}", type=float, default=None,
                         help=f"override the profile: {meaning}")
@@ -333,7 +378,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         options = EmulatorOptions(get_profile(args.profile, overrides), args.gpus,
                                   args.time_scale, args.protocol, args.model_id, args.host,
-                                  args.port, args.sample_s, args.tick_s)
+                                  args.port, args.sample_s, args.tick_s, args.max_queued_mb)
     except ValueError as exc:
         print(f"simpipe-emulator: {exc}", file=sys.stderr)
         return 2

@@ -25,6 +25,7 @@ token at light load (a step with few sequences). The arithmetic is in docs/emula
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,7 +40,19 @@ PARAMETERS: dict[str, str] = {
     "step_base_s": "seconds per decode step, fixed part",
     "step_per_seq_s": "seconds per decode step per running sequence",
 }
-_INTEGER = {"max_batch", "max_batch_prefill_tokens", "max_concurrent_requests"}
+#: The largest value of each integer parameter: beyond them a setting is a typo or an attack
+#: (a queue of a million requests holds gigabytes), not a GPU server. ``fast`` is at them.
+INTEGER_LIMITS = {"max_batch": 65_536, "max_batch_prefill_tokens": 2**30,
+                  "max_concurrent_requests": 100_000}
+#: Seconds parameters are 0 or within this range: a step of 1e-320 s overflows the model's
+#: arithmetic, and one of more than a day never ends a run.
+SECONDS_RANGE = (1e-9, 86_400.0)
+#: ``time_scale``: modelled seconds per real second.
+TIME_SCALE_RANGE = (1e-3, 1e6)
+#: The served model's context in tokens (Llama 3 8B's): prompt + token budget.
+CONTEXT_TOKENS = 8192
+#: Emulated GPUs in one process: each holds a listening socket and its own connections.
+MAX_GPUS_PER_PROCESS = 1024
 
 
 @dataclass(frozen=True)
@@ -56,6 +69,7 @@ class GpuProfile:
     prefill_s_per_token: float
     step_base_s: float
     step_per_seq_s: float
+    context_tokens: int = CONTEXT_TOKENS
 
     def step_s(self, batch: int) -> float:
         """One decode step with ``batch`` running sequences (no prefill)."""
@@ -85,21 +99,30 @@ class GpuProfile:
             if name not in PARAMETERS:
                 raise ValueError(f"unknown emulator parameter {name!r}; known: "
                                  f"{', '.join(PARAMETERS)}")
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise ValueError(f"emulator parameter {name} = {value!r}: expected a number")
-            if name in _INTEGER:
-                if value != int(value) or value < 1:
-                    raise ValueError(f"emulator parameter {name} = {value!r}: expected an "
-                                     "integer >= 1")
-                value = int(value)
-            elif value < 0:
-                raise ValueError(f"emulator parameter {name} = {value!r}: must be >= 0")
-            changes[name] = value
+            changes[name] = _checked(name, value)
         changed = dataclasses.replace(self, **changes)
-        if changed.step_s(1) <= 0:
-            raise ValueError("emulator parameters step_base_s + step_per_seq_s must be > 0 "
-                             "(a decode step takes some time)")
+        if changed.step_s(1) < SECONDS_RANGE[0]:
+            raise ValueError(f"emulator parameters step_base_s + step_per_seq_s must be >= "
+                             f"{SECONDS_RANGE[0]:g} (a decode step takes some time)")
         return changed
+
+
+def _checked(name: str, value: Any) -> int | float:
+    """``value`` for parameter ``name`` if it is one a GPU server could have; ValueError
+    naming the parameter and its range otherwise (NaN and infinities included)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"emulator parameter {name} = {value!r}: expected a number")
+    if name in INTEGER_LIMITS:
+        top = INTEGER_LIMITS[name]
+        if not math.isfinite(value) or value != int(value) or not 1 <= value <= top:
+            raise ValueError(f"emulator parameter {name} = {value!r}: expected an integer "
+                             f"from 1 to {top:,}")
+        return int(value)
+    low, high = SECONDS_RANGE
+    if not math.isfinite(value) or not (value == 0 or low <= value <= high):
+        raise ValueError(f"emulator parameter {name} = {value!r}: expected 0 or seconds "
+                         f"from {low:g} to {high:g}")
+    return float(value)
 
 
 @dataclass(frozen=True)

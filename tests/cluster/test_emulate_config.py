@@ -3,22 +3,26 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
+import psutil
 import pytest
 
-from simpipe.cluster.servers import server_job_script
+from simpipe.cluster.servers import server_command, server_job_script
 from simpipe.cluster.slurm import Partition
 from simpipe.config import ConfigError, load_config
-from simpipe.run.emulate import EmulateError, Site, emulate_config
+from simpipe.run.emulate import EmulateError, Site, emulate_config, probe_site
+from simpipe.servers.emulator import READY_LINE
+from simpipe.servers.process import ServerProcess
 
 REPO = Path(__file__).resolve().parents[2]
 TGI = REPO / "examples/slurm-gpu-tgi.toml"
 VLLM = REPO / "examples/slurm-gpu-vllm.toml"
 
-#: this project's workstation: one 2-CPU node that is this machine
+#: this project's workstation: one 2-CPU node that is this machine, at 127.0.0.1
 SMALL = Site(None, [Partition("debug", True, 2, 20489, "vm")], local_nodes=True,
-             interfaces=frozenset({"lo", "eth0"}))
+             interfaces=frozenset({"lo", "eth0"}), node_addresses=frozenset({"127.0.0.1"}))
 #: a GPU cluster the config was written for
 BIG = Site(None, [Partition("gpu", False, 64, 512_000, "g[01-04]")], local_nodes=False)
 NONE = Site("sinfo not found (SLURM client commands are not installed)")
@@ -72,7 +76,8 @@ def test_vllm_example_gets_openai_routes_its_flags_and_a_tensor_parallel_note():
     assert (servers.count, servers.endpoint_backend) == (8, "openai")
     emu = servers.emulated
     assert emu.protocol == "openai" and emu.params["max_batch"] == 512
-    assert emu.params["max_concurrent_requests"] >= 1_000_000  # vLLM never answers 429
+    # vLLM never answers 429, but an emulator's queue is bounded: the largest it takes.
+    assert emu.params["max_concurrent_requests"] == 100_000
     assert any("tensor parallelism over gpus_per_server = 2 is not modelled" in n
                for n in notes)
 
@@ -116,3 +121,63 @@ def test_emulator_jobs_split_the_servers_over_processes():
     assert ["--port 8300 --gpus 4" in scripts[0], "--port 8304 --gpus 4" in scripts[1],
             "--port 8308 --gpus 2" in scripts[2]] == [True] * 3
     assert "ports 8308-8309" in scripts[2]
+
+
+@pytest.mark.parametrize(("setting", "expected"), [
+    ("params.step_base_s=nan", "cluster.servers.emulated: emulator parameter step_base_s = nan: "
+                               "expected 0 or seconds from 1e-09 to 86400"),
+    ("params.step_base_s=inf", "emulator parameter step_base_s = inf"),
+    ("params.max_batch=inf", "emulator parameter max_batch = inf: expected an integer from 1 "
+                             "to 65,536"),
+    ("params.max_concurrent_requests=1e6", "max_concurrent_requests = 1000000.0: expected an "
+                                           "integer from 1 to 100,000"),
+    ("time_scale=1e-320", "cluster.servers.emulated.time_scale = 1e-320: Input should be "
+                          "greater than or equal to 0.001"),
+    ("time_scale=inf", "cluster.servers.emulated.time_scale = inf: Input should be a finite"),
+    ("gpus_per_process=100000", "gpus_per_process = 100000: Input should be less than or "
+                                "equal to 1024"),
+])
+def test_emulator_settings_that_are_not_finite_or_absurd_fail_validation(setting, expected):
+    """They passed `simpipe validate`; the run then never got answers, or ended in an
+    OverflowError or a timer traceback."""
+    with pytest.raises(ConfigError) as err:
+        load_config(TGI, [f"cluster.servers.emulated.{setting}"])
+    lines = str(err.value).splitlines()
+    assert len(lines) == 1 and expected in lines[0]
+
+
+def _listening(pid: int) -> set[str]:
+    return {c.laddr.ip for c in psutil.Process(pid).net_connections("tcp")
+            if c.status == psutil.CONN_LISTEN}
+
+
+def test_emulators_listen_on_loopback_when_every_node_is_this_machine_at_loopback():
+    """They listened on 0.0.0.0 (the configured host of the real servers) on a
+    loopback-only cluster: reachable from every network the machine is on."""
+    config, _ = emulate_config(load_config(TGI), SMALL)
+    servers = config.cluster.servers
+    assert servers.host == "127.0.0.1"
+    assert "-m simpipe.servers.emulator --host 127.0.0.1 --port 8300" in server_job_script(
+        config.cluster, "c", 0)
+    # The job's command itself, run here: every socket it listens on is loopback.
+    command = shlex.split(server_command(servers, 0, emulated_gpus=2))
+    with ServerProcess(command, READY_LINE, name="emulator") as emu:
+        listening = _listening(emu.proc.pid)
+    assert listening == {"127.0.0.1"}
+
+
+def test_emulators_listen_where_the_workers_reach_them():
+    lan = Site(None, SMALL.partitions, local_nodes=True, node_addresses=frozenset({"10.1.2.3"}))
+    assert emulate_config(load_config(TGI), lan)[0].cluster.servers.host == "10.1.2.3"
+    # no SLURM: a LocalCluster on this machine
+    assert emulate_config(load_config(TGI), NONE)[0].cluster.servers.host == "127.0.0.1"
+    # a real cluster: other nodes' workers reach the servers on the configured host
+    assert emulate_config(load_config(TGI), BIG)[0].cluster.servers.host == "0.0.0.0"
+
+
+@pytest.mark.slurm
+def test_this_machines_slurm_gets_emulators_on_loopback(slurm_controller: None):
+    """The SLURM of cluster/local-slurm.sh: its one node is this machine at 127.0.0.1."""
+    site = probe_site()
+    assert site.local_nodes and site.node_addresses == {"127.0.0.1"}
+    assert emulate_config(load_config(TGI), site)[0].cluster.servers.host == "127.0.0.1"

@@ -3,6 +3,8 @@ profiles against the numbers they were derived from."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from simpipe.servers.emulator_model import GpuScheduler, Series
@@ -159,5 +161,24 @@ def test_profile_overrides_are_checked():
         get_profile("fast", {"batch": 8})
     with pytest.raises(ValueError, match="max_batch = 2.5: expected an integer"):
         get_profile("fast", {"max_batch": 2.5})
-    with pytest.raises(ValueError, match="must be > 0"):
+    with pytest.raises(ValueError, match=r"must be >= 1e-09 \(a decode step"):
         get_profile("fast", {"step_base_s": 0})
+
+
+@pytest.mark.parametrize(("name", "value", "expected"), [
+    ("step_base_s", math.nan, "step_base_s = nan: expected 0 or seconds from 1e-09 to 86400"),
+    ("step_base_s", math.inf, "step_base_s = inf: expected 0 or seconds"),
+    ("prefill_s_per_token", 1e-320, "prefill_s_per_token = 1e-320: expected 0 or seconds"),
+    ("step_per_seq_s", -1.0, "step_per_seq_s = -1.0: expected 0 or seconds"),
+    ("max_batch", math.inf, "max_batch = inf: expected an integer from 1 to 65,536"),
+    ("max_batch", math.nan, "max_batch = nan: expected an integer"),
+    ("max_concurrent_requests", 1e6, "max_concurrent_requests = 1000000.0: expected an "
+                                     "integer from 1 to 100,000"),
+])
+def test_overrides_that_are_not_finite_or_absurd_name_the_parameter_and_range(
+        name, value, expected):
+    """NaN passed every comparison, inf reached int() (OverflowError) and a subnormal step
+    overflowed the model's arithmetic: requests never answered."""
+    with pytest.raises(ValueError) as err:
+        get_profile("fast", {name: value})
+    assert str(err.value).startswith(f"emulator parameter {expected}")
