@@ -276,12 +276,14 @@ function progressCard(run) {
 // Status counts, then the game's own columns (run.round_columns: [key, header]).
 function roundsTable(run) {
   const game = run.round_columns;
-  const cols = ["round", "n", "valid", "unparsed", "out of range", "error", ...game.map(([, label]) => label), "time", "agents/s"];
+  const cols = ["round", "n", "valid", "unparsed", "out of range", "error", "truncated", "no final answer", ...game.map(([, label]) => label), "time", "agents/s"];
   return h("table", { id: "rounds-table" }, h("thead", {}, h("tr", {}, cols.map((c) => h("th", { className: c === "round" ? "" : "num" }, c)))),
     h("tbody", {}, run.rounds.map((r) => h("tr", { "data-round": r.round },
       h("td", {}, r.round + 1), h("td", { className: "num" }, fmt.int(r.n)), h("td", { className: "num" }, fmt.int(r.n_valid)),
       h("td", { className: "num" }, fmt.int(r.n_unparsed)), h("td", { className: "num" }, fmt.int(r.n_out_of_range)),
       h("td", { className: "num" }, fmt.int(r.n_error)),
+      h("td", { className: "num", "data-col": "n_truncated" }, fmt.int(r.n_truncated)),
+      h("td", { className: "num", "data-col": "n_no_final_answer" }, fmt.int(r.n_no_final_answer)),
       game.map(([key]) => h("td", { className: "num", "data-col": key }, fmt.num(r[key]))),
       h("td", { className: "num" }, fmt.secs(r.elapsed_s)),
       h("td", { className: "num" }, fmt.int(r.agents_per_s ? Math.round(r.agents_per_s) : null))))));
