@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from simpipe.report.build import build_report
+from simpipe.run.agent_prompt import rebuild_prompt
 from simpipe.run.console import Console
 from simpipe.run.simulation import run_simulation
 from simpipe.servers.contract import REASONING_SHARE
@@ -45,6 +46,9 @@ def test_answers_cut_at_the_token_limit_are_truncated_not_ok(dask_client, tmp_pa
     assert ledger.totals().counts()["truncated"] == 80
     log = RunPaths(config.run_dir).log.read_text()
     assert "truncated 40" in log
+    # Round 2's prompts say the first answer was invalid: no number was taken from it.
+    second = rebuild_prompt(config.run_dir, 3, 1).prompt
+    assert "Round 1: your answer was invalid; no winning number was announced." in second
     report = build_report([config.run_dir], tmp_path / "report")
     paper = report.section("paper_reference")
     assert paper.frame.empty
