@@ -6,6 +6,7 @@ report will not set such a run beside the paper."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from simpipe.report.build import build_report
 from simpipe.run.agent_prompt import rebuild_prompt
@@ -84,3 +85,26 @@ def test_whole_answers_are_ok_and_audited_by_persona(dask_client, tmp_path):
     assert set(by_education["level"]) <= {"High School", "Bachelor's Degree", "Ph.D."}
     assert np.isnan(by_education["wrong_share"]).all()
     assert (tmp_path / "report" / "tables" / "cot_audit.csv").exists()
+
+
+@pytest.mark.llm
+@pytest.mark.slow
+def test_the_embedded_models_chain_of_thought_is_flagged_not_ok(dask_client, tmp_path):
+    """The case that looked like a result: the embedded base model's reasoning rarely reaches
+    "Final answer:" within its budget. Every answer that used the whole budget is truncated,
+    none is ok without the marked number, and the report will not compare the run."""
+    config = small_config(tmp_path, run={"name": "gemma-cot"},
+                          population={"size": 16, "partitions": 2},
+                          game={"prompt": "cot", "rounds": 1},
+                          agents={"backend": "llamacpp", "cot_max_tokens": 64,
+                                  "llamacpp": {"n_parallel": 8}})
+    run_simulation(config, client=dask_client, console=QUIET)
+    rows = read_rounds(config.run_dir)
+    assert len(rows) == 16 and rows["status"].isin(["ok", "truncated", "out_of_range"]).all()
+    assert (rows.loc[rows["tokens_out"] >= 64, "status"] == "truncated").all()
+    ok = rows["status"] == "ok"
+    assert rows.loc[ok, "raw"].str.contains(r"Final answer: ?\d", regex=True).all()
+    if (~ok).sum() > 0.05 * len(rows):
+        report = build_report([config.run_dir], tmp_path / "report")
+        assert report.section("paper_reference").frame.empty
+    print("statuses:", rows["status"].value_counts().to_dict())
