@@ -71,9 +71,11 @@ class NumberAnswer:
         """The basic answers as a prefix language (shared answer distributions)."""
         return IntegerAnswers(self.low, self.high)
 
-    def parse_many(self, texts: Iterable[object]) -> tuple[np.ndarray, np.ndarray]:
-        """``(values float64, NaN where invalid; statuses)``, see ``simpipe.games.parsing``."""
-        values, statuses = parse_many(texts, self.low, self.high, self.cot, self.marker)
+    def parse_many(self, texts: Iterable[object],
+                   cut: Iterable[bool] | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """``(values float64, NaN where invalid; statuses)``, see ``simpipe.games.parsing``;
+        ``cut``: per text, whether the back-end stopped it at its token limit."""
+        values, statuses = parse_many(texts, self.low, self.high, self.cot, self.marker, cut)
         if self.integer:
             fractional = (statuses == "ok") & (values != np.round(values))
             values[fractional] = np.nan

@@ -200,6 +200,12 @@ class Game(abc.ABC):
                 done[self.feedback_column].to_numpy())
         return table
 
+    def reasoning_step(self) -> float | None:
+        """The factor one step of reasoning about the others applies (the beauty contest's
+        ratio: "2/3 of 50 is 33"), whose iterations are a chain of thought's depth
+        (``simpipe.games.cot_audit``); None: the game has none."""
+        return None
+
     def population_problem(self, size: int) -> str | None:
         """Why a population of ``size`` agents cannot play this game; None when it can."""
         return None

@@ -8,14 +8,17 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-STATUSES = ("ok", "unparsed", "out_of_range", "error")
-STATUS_COUNT_COLUMNS = ("n_ok", "n_unparsed", "n_out_of_range", "n_error")
+# "no_final_answer" and "truncated": a chain of thought without its marked answer, an answer
+# cut at the token limit (simpipe.games.parsing); both came later, so they go last.
+STATUSES = ("ok", "unparsed", "out_of_range", "error", "truncated", "no_final_answer")
+STATUS_COUNT_COLUMNS = ("n_ok", "n_unparsed", "n_out_of_range", "n_error", "n_truncated",
+                        "n_no_final_answer")
 
 
 def status_counts(rows: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray]:
     """``(counts, valid)``: per group (sorted) ``group_id, n, n_ok, n_unparsed,
-    n_out_of_range, n_error`` of a round's rows (``group_id``, ``status``), and which rows
-    hold a valid answer."""
+    n_out_of_range, n_error, n_truncated, n_no_final_answer`` of a round's rows
+    (``group_id``, ``status``), and which rows hold a valid answer."""
     status = pd.Categorical(rows["status"], categories=STATUSES)
     onehot = pd.get_dummies(status).astype(np.int64)
     onehot.columns = list(STATUS_COUNT_COLUMNS)

@@ -5,11 +5,19 @@ from __future__ import annotations
 
 import pandas as pd
 
+#: The invalid answers the report counts per round: why a chain of thought gave no answer.
+COUNTED = ("truncated", "no_final_answer")
+#: The largest share of invalid answers a run may have for the report to set it beside
+#: published numbers (the paper's LLMs, human subjects): past it the valid answers are a
+#: selection (the short chains of thought, say), not the run's result.
+COMPARABLE_INVALID_SHARE = 0.05
+
 
 def answer_stats(rows: pd.DataFrame, values: pd.Series | None = None) -> pd.DataFrame:
     """Per round (index ``round``): ``n`` rows, ``n_valid`` valid answers, ``valid_share``,
-    and ``mean``, ``median``, ``sd`` (ddof 1) of ``values`` where not NaN (default: the
-    valid answers, ``rows["guess"]``)."""
+    ``n_truncated`` and ``n_no_final_answer`` (from ``status``), and ``mean``, ``median``,
+    ``sd`` (ddof 1) of ``values`` where not NaN (default: the valid answers,
+    ``rows["guess"]``)."""
     values = rows["guess"] if values is None else values
     by_round = values.dropna().groupby(rows["round"])
     table = pd.DataFrame({
@@ -21,5 +29,28 @@ def answer_stats(rows: pd.DataFrame, values: pd.Series | None = None) -> pd.Data
     })
     table["n_valid"] = table["n_valid"].fillna(0).astype("int64")
     table["valid_share"] = table["n_valid"] / table["n"]
+    for status in COUNTED:
+        if "status" in rows:
+            hits = (rows["status"] == status).groupby(rows["round"]).sum()
+            table[f"n_{status}"] = hits.reindex(table.index).fillna(0).astype("int64")
+        else:
+            table[f"n_{status}"] = 0
     table.index.name = "round"
     return table
+
+
+def comparison_refusal(label: str, rounds: pd.DataFrame) -> str | None:
+    """Why run ``label`` (its report rounds: ``n``, ``n_valid``, the counts above) must not
+    be set beside published numbers; None when it may."""
+    n = int(rounds["n"].sum())
+    invalid = n - int(rounds["n_valid"].sum())
+    if n == 0 or invalid <= COMPARABLE_INVALID_SHARE * n:
+        return None
+    why = [f"{int(rounds[f'n_{s}'].sum()):,} {s.replace('_', ' ')}" for s in COUNTED
+           if f"n_{s}" in rounds and rounds[f"n_{s}"].sum()]
+    detail = f" ({', '.join(why)})" if why else ""
+    return (f"{label}: not set beside published numbers: {invalid:,} of its {n:,} answers "
+            f"({invalid / n:.0%}) are not valid{detail}, more than "
+            f"{COMPARABLE_INVALID_SHARE:.0%}; the valid ones are a selection, not the run's "
+            "result (for chain of thought: raise agents.cot_max_tokens, or use a model that "
+            "ends its reasoning with the final answer)")

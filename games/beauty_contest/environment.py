@@ -17,7 +17,7 @@ from simpipe.games.partials import Partial, status_counts
 
 SUMMARY_COLUMNS = (
     "round", "group_id", "n", "n_valid", "mean", "median", "target", "winning_guess",
-    "n_winners", "n_unparsed", "n_out_of_range", "n_error",
+    "n_winners", "n_unparsed", "n_out_of_range", "n_error", "n_truncated", "n_no_final_answer",
 )
 
 

@@ -31,13 +31,13 @@ from simpipe.games.beauty_contest.environment import (
 from simpipe.games.beauty_contest.level_k import HierarchyParams, hierarchy_guesses
 from simpipe.games.beauty_contest.reference import load_references
 from simpipe.games.config import BeautyContestConfig
-from simpipe.games.round_stats import answer_stats
+from simpipe.games.round_stats import answer_stats, comparison_refusal
 from simpipe.games.text import PromptTexts
 
 _STREAM = 0x5C1  # the scripted agents' random stream (Turn.rng)
 WITHIN = 1.0  # "rounds to get within 1 of the equilibrium"
-ROUND_COLUMNS = ["round", "n", "n_valid", "valid_share", "mean", "median", "sd", "target",
-                 "winning_guess"]
+ROUND_COLUMNS = ["round", "n", "n_valid", "valid_share", "n_truncated", "n_no_final_answer",
+                 "mean", "median", "sd", "target", "winning_guess"]
 HUMAN_COLUMNS = ["run", "ratio", "run_n", "run_mean", "run_median", "human_n", "human_mean",
                  "human_median"]
 PAPER_COLUMNS = ["run", "prompt", "metric", "paper_model", "paper_value", "approximate",
@@ -136,6 +136,9 @@ class BeautyContest(Game):
     def equilibrium(self) -> float:
         return self._equilibrium
 
+    def reasoning_step(self) -> float | None:
+        return self.config.ratio_value
+
     def human_reference(self) -> HumanReference | None:
         refs = load_references()
         row = refs.human_for(self.config.ratio, self.config.offset)
@@ -224,6 +227,10 @@ class BeautyContest(Game):
         g = self.config
         table = ReferenceTable("human_reference", "First round beside human subjects",
                                HUMAN_COLUMNS, refs.human_citation)
+        refusal = comparison_refusal(label, rounds)
+        if refusal:
+            table.notes.append(refusal)
+            return table
         human = refs.human_for(g.ratio, g.offset)
         if human is None:
             table.notes.append(f"{label}: no human data for ratio {g.ratio}"
@@ -247,6 +254,10 @@ class BeautyContest(Game):
             table.notes.append(f"{label}: the paper's numbers are for ratio {refs.llm_ratio} "
                                f"without offset; this run has ratio {g.ratio}, "
                                f"offset {g.offset:g}")
+            return table
+        refusal = comparison_refusal(label, rounds)
+        if refusal:
+            table.notes.append(refusal)
             return table
         if g.rational_players or g.predict_others:
             table.notes.append(f"{label}: the paper's numbers are for its basic and cot prompts; "

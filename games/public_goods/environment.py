@@ -3,7 +3,8 @@
 Each member of a group contributes ``c_i`` of its ``endowment`` points to a group project;
 ``payoff_i = endowment - c_i + mpcr * sum of the group's contributions``. An invalid answer
 contributes 0 (the agent keeps its endowment and still earns its share of the project) and
-is counted in the group's ``n_unparsed`` / ``n_out_of_range`` / ``n_error``.
+is counted in the group's ``n_unparsed`` / ``n_out_of_range`` / ``n_error`` /
+``n_truncated`` / ``n_no_final_answer``.
 
 A partition reports a *partial*: per group, the count of each answer status and (its
 ``values``) the sum of its valid contributions. Contributions are whole numbers, so the sums
@@ -21,7 +22,8 @@ from simpipe.games.partials import Partial, status_counts
 
 SUMMARY_COLUMNS = (
     "round", "group_id", "n", "n_valid", "total_contribution", "mean_contribution",
-    "contribution_pct", "mean_payoff", "n_unparsed", "n_out_of_range", "n_error",
+    "contribution_pct", "mean_payoff", "n_unparsed", "n_out_of_range", "n_error", "n_truncated",
+    "n_no_final_answer",
 )
 
 

@@ -30,13 +30,13 @@ from simpipe.games.public_goods.environment import (
     payoffs,
     reduce_round,
 )
-from simpipe.games.round_stats import answer_stats
+from simpipe.games.round_stats import answer_stats, comparison_refusal
 from simpipe.games.text import PromptTexts
 
 DATA_FILE = "public_goods/reference.json"
 _STREAM = 0x9C8  # the scripted agents' per-round random stream (Turn.rng)
-ROUND_COLUMNS = ["round", "n", "n_valid", "valid_share", "mean_contribution", "median", "sd",
-                 "contribution_pct", "mean_payoff"]
+ROUND_COLUMNS = ["round", "n", "n_valid", "valid_share", "n_truncated", "n_no_final_answer",
+                 "mean_contribution", "median", "sd", "contribution_pct", "mean_payoff"]
 HUMAN_COLUMNS = ["run", "period", "run_n", "run_pct", "human_n", "human_pct"]
 
 
@@ -233,6 +233,10 @@ class PublicGoods(Game):
                                "First and last period beside human subjects", HUMAN_COLUMNS,
                                data["citation"])
         table.notes.append(f"Human data: {data['caveat']}")
+        refusal = comparison_refusal(label, rounds)
+        if refusal:
+            table.notes.append(refusal)
+            return [table]
         human = self.human_reference()
         if human is None:
             d = data["design"]

@@ -183,7 +183,8 @@ class LLMAgents(AgentPolicy):
                 distinct, codes[todo], seeds[todo],
                 reproducible=sharing or self.sampling.reproducible)))
             stats.model_calls += int(todo.size)
-        guesses, statuses = game_for(game).answer().parse_many(out.texts)
+        limit = self.sampling.cot_max_tokens if game.free_text_answer else self.sampling.max_tokens
+        guesses, statuses = game_for(game).answer().parse_many(out.texts, out.cut(limit))
         statuses[out.failed] = "error"
         guesses[out.failed] = np.nan
         stats.shared_agents = int(out.shared.sum())
@@ -235,6 +236,16 @@ class _Answers:
         self.tokens_out = np.zeros(n, np.int64)
         self.latency_s = np.zeros(n, np.float64)
         self.errors = np.full(n, None, dtype=object)
+        self.finish = np.full(n, None, dtype=object)
+
+    def cut(self, max_tokens: int) -> np.ndarray:
+        """Which answers the back-end stopped at ``max_tokens``: its finish reason says
+        "length", or, where it gave none, the answer used the whole budget. Shared answers
+        are whole answers of the answer language, never cut."""
+        called = ~self.shared
+        length = np.fromiter((f == "length" for f in self.finish), bool, len(self.finish))
+        unknown = np.fromiter((f is None for f in self.finish), bool, len(self.finish))
+        return called & (length | (unknown & (self.tokens_out >= max_tokens)))
 
     def fill(self, idx: np.ndarray, answers: AnswerColumns) -> None:
         n = len(answers)
@@ -244,3 +255,4 @@ class _Answers:
         self.tokens_out[idx] += np.fromiter(answers.tokens_out, np.int64, n)
         self.latency_s[idx] = np.fromiter(answers.latency_s, np.float64, n)
         self.errors[idx] = np.fromiter(answers.error, object, n)
+        self.finish[idx] = np.fromiter(answers.finish, object, n)

@@ -61,11 +61,15 @@ def run(config_path: str, resume: bool, force: bool, cluster_name: str | None, e
 @click.argument("config_path", metavar="CONFIG", type=click.Path(dir_okay=False))
 @set_option
 def validate(config_path: str, overrides: tuple[str, ...]) -> None:
-    """Check CONFIG and print the resolved settings."""
+    """Check CONFIG and print the resolved settings: game, prompt options, back-end and
+    model, population, cluster, and agent 0's round-1 prompt as an example."""
+    from simpipe.cli.settings import resolved_settings
+
     config = load(config_path, overrides)
     click.echo(f"ok: {config_path}  (results hash {config.results_hash()}, "
                f"{config.population.size:,} agents in {config.population.n_partitions} partitions, "
                f"{config.game.rounds} rounds, backend {config.agents.backend})")
+    click.echo(resolved_settings(config))
 
 
 @main.group()
@@ -92,8 +96,19 @@ def population_build(config_path: str, overrides: tuple[str, ...]) -> None:
 
 @main.command()
 @click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
-def show(run_dir: str) -> None:
-    """Print the summary of RUN_DIR, one line per round (and group)."""
+@click.option("--prompt", "agent_id", type=click.IntRange(min=0), default=None,
+              metavar="AGENT_ID", help="Print the exact prompt this agent got instead.")
+@click.option("--round", "round_number", type=click.IntRange(min=1), default=1,
+              show_default=True, help="With --prompt: the round, counted from 1 as the "
+                                      "console and the prompts count it.")
+def show(run_dir: str, agent_id: int | None, round_number: int) -> None:
+    """Print the summary of RUN_DIR, one line per round (and group); with --prompt, the
+    prompt an agent got in a round."""
+    if agent_id is not None:
+        _show_prompt(run_dir, agent_id, round_number)
+        return
+    if round_number != 1:
+        raise SimpipeError("--round goes with --prompt AGENT_ID: the summary shows every round")
     from simpipe.records import CorruptFile
     from simpipe.store.integrity import RESUME_REPAIRS
     from simpipe.store.layout import RunPaths
@@ -129,6 +144,19 @@ def show(run_dir: str) -> None:
     with pd.option_context("display.width", 200, "display.max_columns", 20,
                            "display.max_rows", 60):
         click.echo(summary.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+
+
+def _show_prompt(run_dir: str, agent_id: int, round_number: int) -> None:
+    from simpipe.run.agent_prompt import rebuild_prompt
+
+    shown = rebuild_prompt(run_dir, agent_id, round_number - 1)
+    played = ("not played yet" if shown.tokens_in is None
+              else f"tokens_in {shown.tokens_in:,} as the model counted"
+              + (", drawn from a shared answer distribution" if shown.shared else ""))
+    click.echo(f"# agent {shown.agent_id}, round {round_number} of {shown.rounds_total} "
+               f"(group {shown.group_id}, partition {shown.partition}), {shown.style} prompt, "
+               f"{played}; rebuilt from the run's files with the function the run used")
+    click.echo(shown.text())
 
 
 @main.group()

@@ -71,9 +71,11 @@ class GenerationResult:
 
 class AnswerColumns:
     """Many agents' answers as columns (one list each, one row per agent), filled in place:
-    a million-agent round makes no object per answer. ``error`` is None for an answer."""
+    a million-agent round makes no object per answer. ``error`` is None for an answer;
+    ``finish`` is the back-end's finish reason ("length": cut at ``max_tokens``), None where
+    it gave none."""
 
-    __slots__ = ("error", "latency_s", "text", "tokens_in", "tokens_out")
+    __slots__ = ("error", "finish", "latency_s", "text", "tokens_in", "tokens_out")
 
     def __init__(self, n: int) -> None:
         self.text: list[str | None] = [None] * n
@@ -81,6 +83,7 @@ class AnswerColumns:
         self.tokens_out: list[int] = [0] * n
         self.latency_s: list[float] = [0.0] * n
         self.error: list[str | None] = [None] * n
+        self.finish: list[str | None] = [None] * n
 
     def __len__(self) -> int:
         return len(self.text)
@@ -90,6 +93,7 @@ class AnswerColumns:
         self.tokens_in[i] = result.tokens_in
         self.tokens_out[i] = result.tokens_out
         self.latency_s[i] = result.latency_s
+        self.finish[i] = result.finish_reason
         if result.status == "error":
             self.error[i] = result.error or "the back-end gave no answer"
 

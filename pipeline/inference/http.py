@@ -183,7 +183,7 @@ class EndpointPool:
         templates = [_template(encode, req) for req in distinct]
         code_of, seed_of = codes.tolist(), seeds.tolist()
         text, tokens_in, tokens_out = out.text, out.tokens_in, out.tokens_out
-        latency, error = out.latency_s, out.error
+        latency, finish, error = out.latency_s, out.finish, out.error
 
         def job(i: int) -> tuple[str, bytes] | str:
             template = templates[code_of[i]]
@@ -196,7 +196,7 @@ class EndpointPool:
             return template  # why it cannot be encoded
 
         def store(i: int, o: Outcome) -> None:
-            text[i], tokens_in[i], tokens_out[i], latency[i], _, _, error[i] = o
+            text[i], tokens_in[i], tokens_out[i], latency[i], finish[i], _, error[i] = o
 
         await self._drive(n, job, decode, store)
         return out

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from simpipe.report import cot
 from simpipe.report import figures as fig
 from simpipe.report import tables as tab
 from simpipe.report.contents import FigureItem, Report, TableSection
@@ -21,6 +22,7 @@ FORMATS: dict[str, str] = {
     "rounds": "{:d}", "round": "{:d}", "offset": "{:g}", "equilibrium": "{:g}",
     "rounds_to_within_1": "{:.0f}", "paper_value": FLOAT2, "run_value": FLOAT2,
     "endowment": "{:,}", "mpcr": "{:g}", "group_size": "{:d}", "period": "{:d}",
+    "n_truncated": "{:,}", "n_no_final_answer": "{:,}", **cot.FORMATS,
     **{c: FLOAT2 for c in ("mean", "median", "sd", "target", "winning_guess", "ci_low", "ci_high",
                             "first_mean", "first_median", "last_mean", "run_mean", "run_median",
                             "human_mean", "human_median", "mean_contribution", "mean_payoff")},
@@ -109,6 +111,7 @@ def build_report(run_dirs: Sequence[str | Path], out: str | Path | None = None,
                 attribute=attribute))
     if not attributes:
         notes.append("no persona attributes in the population: no per-attribute tables")
+    sections += cot.cot_sections(runs, attributes)
 
     if len(runs) > 1:
         figures.append(FigureItem(fig.compare_convergence_figure(

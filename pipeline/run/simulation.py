@@ -354,6 +354,8 @@ def _round_record(game: Game, rows: pd.DataFrame, outcomes: list[PartitionOutcom
         "n_unparsed": int(rows["n_unparsed"].sum()),
         "n_out_of_range": int(rows["n_out_of_range"].sum()),
         "n_error": int(rows["n_error"].sum()),
+        "n_truncated": int(rows["n_truncated"].sum()),
+        "n_no_final_answer": int(rows["n_no_final_answer"].sum()),
         **game.round_numbers(rows),  # "mean", and the game's own headline numbers
         "tokens_in": sum(o.tokens_in for o in outcomes),
         "tokens_out": sum(o.tokens_out for o in outcomes),
@@ -402,13 +404,19 @@ def _rate(value: float | None) -> str:
     return f"{value:,.0f}" if value >= 100 else f"{value:.2g}"
 
 
+def _cot_counts(record: dict) -> str:
+    """The answers cut at the token limit or without their marked final answer, where any."""
+    return "".join(f", {name} {record[key]}" for name, key in (
+        ("truncated", "n_truncated"), ("no final answer", "n_no_final_answer")) if record[key])
+
+
 def _round_line(config: Config, game: Game, r: int, rows: pd.DataFrame, record: dict) -> str:
     stats = game.round_text(rows, record)
     invalid = record["n"] - record["n_valid"]
     line = (
         f"round {r + 1}/{config.game.rounds}: {stats}  invalid {invalid} "
         f"(unparsed {record['n_unparsed']}, out_of_range {record['n_out_of_range']}, "
-        f"error {record['n_error']})  {record['elapsed_s']:.1f}s  "
+        f"error {record['n_error']}{_cot_counts(record)})  {record['elapsed_s']:.1f}s  "
         f"{_rate(record['agents_per_s'])} agents/s  ({game.reference_text(r)})"
     )
     if config.agents.plugin.is_llm and record["distinct_prompts"]:

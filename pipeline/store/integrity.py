@@ -93,6 +93,10 @@ def round_problems(paths: RunPaths, round_index: int, bounds: Sequence[AgentRang
 
 # --- summary.parquet ----------------------------------------------------------------------------
 
+#: Summary columns that files written before them lack (read as 0: no such answers then).
+ADDED_LATER = ("n_truncated", "n_no_final_answer")
+
+
 def read_summary(path: Path, columns: Sequence[str]) -> pd.DataFrame:
     """``summary.parquet`` with every summary column of its game (``Game.summary_columns``);
     CorruptFile otherwise."""
@@ -102,6 +106,10 @@ def read_summary(path: Path, columns: Sequence[str]) -> pd.DataFrame:
         raise CorruptFile(path, "missing") from None
     except (pa.ArrowException, OSError, ValueError) as exc:
         raise CorruptFile(path, f"not a readable Parquet file ({error_reason(exc)})") from None
+    for column in ADDED_LATER:
+        # Counts of statuses an older version did not have: none of its answers had them.
+        if column in columns and column not in summary.columns:
+            summary[column] = np.zeros(len(summary), np.int64)
     missing = [c for c in columns if c not in summary.columns]
     if missing:
         raise CorruptFile(path, f"no column {', '.join(missing)}")

@@ -63,6 +63,8 @@ class RoundRecord(_Record):
     n_unparsed: NonNegative = 0
     n_out_of_range: NonNegative = 0
     n_error: NonNegative = 0
+    n_truncated: NonNegative = 0  # cut at the token limit (0 in files before the status)
+    n_no_final_answer: NonNegative = 0  # a chain of thought without its marked answer
     mean: float | None = None
     tokens_in: NonNegative = 0
     tokens_out: NonNegative = 0
@@ -126,12 +128,15 @@ class Totals(_Record):
     unparsed: int = 0
     out_of_range: int = 0
     error: int = 0
+    truncated: int = 0
+    no_final_answer: int = 0
     tokens_in: int = 0
     tokens_out: int = 0
 
     def counts(self) -> dict[str, int]:
         return {"ok": self.ok, "unparsed": self.unparsed, "out_of_range": self.out_of_range,
-                "error": self.error}
+                "error": self.error, "truncated": self.truncated,
+                "no_final_answer": self.no_final_answer}
 
 
 RoundKey = Annotated[str, Field(pattern=r"^[0-9]{1,9}$")]
@@ -221,6 +226,8 @@ class RunRecord(_Record):
         return Totals(ok=sum(r.n_valid for r in rounds), unparsed=sum(r.n_unparsed for r in rounds),
                       out_of_range=sum(r.n_out_of_range for r in rounds),
                       error=sum(r.n_error for r in rounds),
+                      truncated=sum(r.n_truncated for r in rounds),
+                      no_final_answer=sum(r.n_no_final_answer for r in rounds),
                       tokens_in=sum(r.tokens_in for r in rounds),
                       tokens_out=sum(r.tokens_out for r in rounds))
 

@@ -8,6 +8,7 @@ Routes (every name in a URL is checked by ``security.safe_child``):
     GET  /api/runs                        the runs list
     GET  /api/runs/<name>                 one run: progress, rounds, histogram, endpoints
     GET  /api/runs/<name>/events          the same as server-sent events, on every change
+    GET  /api/runs/<name>/prompt?agent=N&round=R   the prompt agent N got in round R (from 1)
     GET  /runs/<name>/report              the run's report.html, when ``simpipe report`` made one
     POST /api/runs/<name>/cancel          ask a running run to stop (resumable)
     POST /api/runs/<name>/delete          {"confirm": "<name>"}: delete a run that is not running
@@ -28,6 +29,7 @@ from typing import Any
 
 from aiohttp import web
 
+from simpipe.run.agent_prompt import PromptUnavailable, rebuild_prompt
 from simpipe.ui import clusters, runs
 from simpipe.ui.security import (
     CSRF,
@@ -166,6 +168,24 @@ async def run_report(request: web.Request) -> web.StreamResponse:
 
 
 @_guarded
+async def run_prompt(request: web.Request) -> web.Response:
+    """The exact prompt of one agent and round, rebuilt from the run's files (every file
+    read resolved inside the results root)."""
+    files = _run_files(request)
+    try:
+        agent = int(request.query.get("agent", ""))
+        round_number = int(request.query.get("round", "1"))
+    except ValueError:
+        return _error(400, "agent and round must be whole numbers: ?agent=0&round=1")
+    try:
+        shown = await _blocking(rebuild_prompt, files.root, agent, round_number - 1,
+                                files.inside)
+    except PromptUnavailable as exc:
+        return _error(404, str(exc))
+    return _json(shown.as_json())
+
+
+@_guarded
 async def run_cancel(request: web.Request) -> web.Response:
     files = _run_files(request)
     return _json(await _blocking(runs.cancel_run, files))
@@ -226,6 +246,7 @@ def make_app(results_root: Path, token: str | None = None,
     app.router.add_get("/api/runs", runs_list)
     app.router.add_get("/api/runs/{name}", run_get)
     app.router.add_get("/api/runs/{name}/events", run_events)
+    app.router.add_get("/api/runs/{name}/prompt", run_prompt)
     app.router.add_get("/runs/{name}/report", run_report)
     app.router.add_post("/api/runs/{name}/cancel", run_cancel)
     app.router.add_post("/api/runs/{name}/delete", run_delete)

@@ -188,7 +188,8 @@ def broken_row(name: str, problem: str) -> dict[str, Any]:
     return {
         "name": name, "config_hash": None, "state": "broken", "ledger_state": None,
         "state_note": None, "backend": None, "rounds_done": 0, "rounds_total": None,
-        "n_agents": None, "counts": {"ok": 0, "unparsed": 0, "out_of_range": 0, "error": 0},
+        "n_agents": None, "counts": {"ok": 0, "unparsed": 0, "out_of_range": 0, "error": 0,
+                                     "truncated": 0, "no_final_answer": 0},
         "tokens_in": 0, "tokens_out": 0, "wall_s": None, "updated_at": None,
         "cancel_requested": False, "has_report": False, "progress": None, "problem": problem,
     }
@@ -258,6 +259,7 @@ def run_detail(files: RunFiles) -> dict[str, Any]:
         chart.append({
             "round": r, "n": rec.n, "n_valid": rec.n_valid, "n_unparsed": rec.n_unparsed,
             "n_out_of_range": rec.n_out_of_range, "n_error": rec.n_error,
+            "n_truncated": rec.n_truncated, "n_no_final_answer": rec.n_no_final_answer,
             "mean": _num(rec.mean), **per_round.get(r, {}), "elapsed_s": rec.elapsed_s,
             "agents_per_s": rec.agents_per_s,
         })

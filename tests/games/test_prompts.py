@@ -218,9 +218,26 @@ def test_prompt_options_are_named_in_the_description() -> None:
 
 
 def test_the_paper_s_numbers_are_not_set_beside_a_prompt_option() -> None:
-    rounds = pd.DataFrame({"mean": [36.0], "target": [24.0]})
+    rounds = pd.DataFrame({"n": [100], "n_valid": [100], "mean": [36.0], "target": [24.0]})
     plain = game_for(GameConfig())._paper_table("plain", rounds, load_references())
     assert plain.records
     varied = game_for(GameConfig(rational_players=True))
     table = varied._paper_table("rational", rounds, load_references())
     assert not table.records and "basic, rational players" in table.notes[0]
+
+
+def test_a_run_with_many_invalid_answers_is_not_set_beside_published_numbers() -> None:
+    # The CoT run that looked like a result: 98 of 100 answers cut at the token limit.
+    game = game_for(GameConfig(prompt="cot"))
+    cut = pd.DataFrame({"round": [0], "n": [100], "n_valid": [2], "n_truncated": [98],
+                        "n_no_final_answer": [0], "mean": [15.6], "median": [15.0],
+                        "target": [10.4]})
+    paper, human = (game._paper_table("cot", cut, load_references()),
+                    game._human_table("cot", cut, load_references()))
+    for table in (paper, human):
+        assert not table.records
+        assert "98 of its 100 answers (98%) are not valid (98 truncated)" in table.notes[0]
+        assert "agents.cot_max_tokens" in table.notes[0]
+    # At most 5% invalid: compared.
+    few = cut.assign(n_valid=95, n_truncated=5)
+    assert game._paper_table("cot", few, load_references()).records

@@ -110,7 +110,7 @@ def test_runs_view_shows_a_finished_run_with_the_parquet_numbers(server, results
     page.wait_for_selector("#chart-rounds circle")
     summary = pd.read_parquet(results / "finished-run" / "summary.parquet")
     table = page.eval_on_selector_all("#rounds-table tbody tr",
-                                      "rows => rows.map(r => r.children[6].textContent)")
+                                      "rows => rows.map(r => r.children[8].textContent)")
     assert table == [f"{m:.2f}" for m in summary.sort_values("round")["mean"]]
     # Three series (mean, target, winning) of four rounds, and the histogram's bars.
     assert page.locator("#chart-rounds circle").count() == 12
@@ -141,6 +141,40 @@ def test_an_endpoint_the_run_lost_is_flagged_on_its_page(server, results, page, 
     assert number(lost[5]) >= 1 and number(lost[3]) >= 3  # marked down; errors
     assert live[0] == "" and number(live[5]) == 0 and number(live[2]) >= 200
     shot(page, "run-lost-endpoint")
+
+
+def test_the_run_page_shows_an_agents_prompt_on_request(server, results, page, dask_client):
+    """An LLM run (a stub server answered it): the page's control fetches the prompt agent
+    N got in round R, the same text `simpipe show --prompt` rebuilds, and it stays through
+    the live view's updates."""
+    from simpipe.run.agent_prompt import rebuild_prompt
+
+    with StubProcess() as stub:
+        config = small_config(results.parent, run={"name": "prompted"},
+                              population={"size": 40, "partitions": 2,
+                                          "persona": {"mode": "template"}},
+                              game={"rounds": 2},
+                              agents={"backend": "tgi", "tgi": {"endpoints": [stub.url]}})
+        run_simulation(config, client=dask_client)
+    page.goto(f"{server.url}/#/runs/prompted")
+    page.wait_for_selector("#rounds-table tbody tr")
+    page.fill("#prompt-agent", "17")
+    page.fill("#prompt-round", "2")
+    page.click("#show-prompt")
+    page.wait_for_selector("#agent-prompt:not(:empty)")  # the page's CSP allows no eval
+    expected = rebuild_prompt(config.run_dir, 17, 1).prompt
+    assert page.inner_text("#agent-prompt").strip() == expected.strip()
+    assert page.inner_text("#agent-prompt-note").startswith("agent 17, round 2 of 2")
+    page.wait_for_timeout(5500)  # past a keep-alive redraw of the live view
+    assert page.inner_text("#agent-prompt").strip() == expected.strip()
+    shot(page, "run-prompt")
+    page.fill("#prompt-agent", "40")
+    page.click("#show-prompt")
+    page.wait_for_selector("#agent-prompt-note:has-text('agents 0 to 39')")
+    assert page.inner_text("#agent-prompt") == ""
+    # The route's 404 is the answer asked for; the browser logs every 4xx as an error.
+    assert [e for e in page.errors if "status of 404" not in e] == []
+    page.errors.clear()
 
 
 def _write_config(path: Path, results: Path, name: str) -> Path:

@@ -276,12 +276,14 @@ function progressCard(run) {
 // Status counts, then the game's own columns (run.round_columns: [key, header]).
 function roundsTable(run) {
   const game = run.round_columns;
-  const cols = ["round", "n", "valid", "unparsed", "out of range", "error", ...game.map(([, label]) => label), "time", "agents/s"];
+  const cols = ["round", "n", "valid", "unparsed", "out of range", "error", "truncated", "no final answer", ...game.map(([, label]) => label), "time", "agents/s"];
   return h("table", { id: "rounds-table" }, h("thead", {}, h("tr", {}, cols.map((c) => h("th", { className: c === "round" ? "" : "num" }, c)))),
     h("tbody", {}, run.rounds.map((r) => h("tr", { "data-round": r.round },
       h("td", {}, r.round + 1), h("td", { className: "num" }, fmt.int(r.n)), h("td", { className: "num" }, fmt.int(r.n_valid)),
       h("td", { className: "num" }, fmt.int(r.n_unparsed)), h("td", { className: "num" }, fmt.int(r.n_out_of_range)),
       h("td", { className: "num" }, fmt.int(r.n_error)),
+      h("td", { className: "num", "data-col": "n_truncated" }, fmt.int(r.n_truncated)),
+      h("td", { className: "num", "data-col": "n_no_final_answer" }, fmt.int(r.n_no_final_answer)),
       game.map(([key]) => h("td", { className: "num", "data-col": key }, fmt.num(r[key]))),
       h("td", { className: "num" }, fmt.secs(r.elapsed_s)),
       h("td", { className: "num" }, fmt.int(r.agents_per_s ? Math.round(r.agents_per_s) : null))))));
@@ -344,9 +346,33 @@ function renderRun(box, run) {
     h("h3", {}, "Endpoints"), endpointsTable(run)].filter(Boolean));
 }
 
+// An agent's prompt on request, rebuilt by the server from the run's files. Beside the live
+// view, not inside it: the view is redrawn on every update and would wipe what was asked.
+function promptCard(name) {
+  const agent = h("input", { id: "prompt-agent", type: "number", min: "0", value: "0", size: 8 });
+  const round = h("input", { id: "prompt-round", type: "number", min: "1", value: "1", size: 4 });
+  const out = h("pre", { id: "agent-prompt", className: "prompt" });
+  const note = h("p", { id: "agent-prompt-note", className: "muted" });
+  const show = async () => {
+    out.textContent = "";
+    note.textContent = "…";
+    try {
+      const p = await api(`/api/runs/${encodeURIComponent(name)}/prompt?agent=${encodeURIComponent(agent.value)}&round=${encodeURIComponent(round.value)}`);
+      note.textContent = `agent ${p.agent_id}, round ${p.round + 1} of ${p.rounds_total}, group ${p.group_id}, ${p.style} prompt, ` +
+        (p.tokens_in === null ? "not played yet" : `${fmt.int(p.tokens_in)} prompt tokens as the model counted`);
+      out.textContent = p.text;  // text, never markup: a persona is untrusted
+    } catch (e) {
+      note.textContent = e.message;
+    }
+  };
+  return h("div", { className: "card", id: "prompt-card" }, h("h3", {}, "An agent's prompt"),
+    h("p", {}, "agent ", agent, " round ", round, " ", h("button", { id: "show-prompt", onclick: show }, "Show prompt")),
+    note, out);
+}
+
 function showRun(name) {
   const box = h("div", { id: "run-view", "data-run": name });
-  view.replaceChildren(h("p", {}, h("a", { href: "#/runs" }, "← all runs")), box);
+  view.replaceChildren(h("p", {}, h("a", { href: "#/runs" }, "← all runs")), box, promptCard(name));
   const source = new EventSource(`/api/runs/${encodeURIComponent(name)}/events`);
   source.onmessage = (ev) => { renderRun(box, JSON.parse(ev.data)); setConn("live"); };
   source.addEventListener("gone", () => { source.close(); toast(`run ${name} is gone`); location.hash = "#/runs"; });
