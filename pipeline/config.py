@@ -120,7 +120,7 @@ class ExperimentSection(_Section):
         "the experiment's folder under `run.output_dir` (default: `run.name`); the same rules "
         "as `run.name`"))
     grid: dict[str, list[Any]] = Field(description=(
-        "required. Config key -> the values it takes, e.g. `{ \"game.prompt\" = [\"basic\", "
+        "config key -> the values it takes, e.g. `{ \"game.prompt\" = [\"basic\", "
         "\"cot\"], \"game.ratio\" = [\"1/2\", \"2/3\"] }`; any key but `run.name`, "
         "`run.output_dir`, `cluster.*`. A value that is a table sets each of its keys "
         "under the grid key (`\"game\" = [{ ratio = \"1/2\", offset = 5 }, ...]`: keys "
@@ -176,11 +176,14 @@ class ExperimentSection(_Section):
             cells *= len(values)
         if cells > MAX_CELLS:
             raise ValueError(f"{cells:,} cells; at most {MAX_CELLS:,} (each cell is a run)")
-        for key in grid:
-            inner = next((k for k in grid if k.startswith(key + ".")), None)
-            if inner is not None:
-                raise ValueError(f"{shown(key)} and {shown(inner)} overlap (one sets the "
-                                 f"other): put {shown(inner)} inside the tables of {shown(key)}")
+        for key, values in grid.items():
+            for inner in (k for k in grid if k.startswith(key + ".")):
+                # "game" = [{ ratio = ... }] beside "game.prompt": fine unless a table of
+                # "game" sets prompt too, or a value of "game" replaces the whole table.
+                first = inner[len(key) + 1:].split(".")[0]
+                if any(not isinstance(v, dict) or first in v for v in values):
+                    raise ValueError(f"{shown(key)} and {shown(inner)} overlap (both set "
+                                     f"{shown(inner)}): give it in one place")
         return grid
 
 

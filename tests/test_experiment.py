@@ -113,7 +113,7 @@ def test_a_bad_grid_value_names_the_cell_and_key_before_anything_starts(
                           ({"cluster.workers": [1, 2]}, "not a grid key"),
                           ({"game.rounds": []}, "no values"),
                           ({"game.rounds": [1, 1]}, "listed twice"),
-                          ({"game": [{"rounds": 2}], "game.ratio": ["1/2"]}, "overlap")):
+                          ({"game": [{"ratio": "2/3"}], "game.ratio": ["1/2"]}, "overlap")):
         with pytest.raises(ConfigError, match=f"experiment.grid: .*{problem}"):
             experiment_from_dict(raw_config(tmp_path, grid))
 
