@@ -368,11 +368,16 @@ def run_experiment(experiment: Experiment, *, force: bool = False,
     if executor is None:
         executor = executor_for(experiment.executor_config, cluster_name=cluster_name,
                                 say=console.line)
-    if executor.entered:
-        _run_cells(executor, state, console, experiment_cancel)
-    else:
-        with QuietTeardown() as quiet, executor, quiet.after_interrupt():
+    try:
+        if executor.entered:
             _run_cells(executor, state, console, experiment_cancel)
+        else:
+            with QuietTeardown() as quiet, executor, quiet.after_interrupt():
+                _run_cells(executor, state, console, experiment_cancel)
+    except BaseException as exc:
+        if state.result.state == "running":  # between cells, or while the cluster started
+            state.stop("interrupted" if isinstance(exc, KeyboardInterrupt) else "failed")
+        raise
     return state.result
 
 
