@@ -108,6 +108,8 @@ class HumanReference:
     statistic: str  # what ``by_round`` holds, e.g. "mean contribution (% of endowment)"
     by_round: tuple[float, ...]  # from the first round on; only as many rounds as published
     medians: tuple[float, ...] = ()  # per round, where published
+    # The column of ``Game.report_rounds`` that ``by_round`` is on the scale of.
+    column: str = "mean"
 
 
 @dataclass(frozen=True)

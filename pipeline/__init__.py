@@ -40,6 +40,9 @@ _EXPORTS = {
     "RunRecord": "simpipe.store.record",
     "build_population": "simpipe.run.population",
     "build_report": "simpipe.report.build",
+    "load_experiment": "simpipe.run.experiment",
+    "run_experiment": "simpipe.run.experiment",
+    "ExperimentResult": "simpipe.run.experiment",
 }
 
 __all__ = [*_EXPORTS, "__version__"]

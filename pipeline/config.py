@@ -26,6 +26,7 @@ from pydantic import (
     ConfigDict,
     Field,
     FiniteFloat,
+    SerializerFunctionWrapHandler,
     StrictBool,
     StrictInt,
     Tag,
@@ -33,6 +34,7 @@ from pydantic import (
     ValidationInfo,
     create_model,
     field_validator,
+    model_serializer,
     model_validator,
 )
 
@@ -88,10 +90,101 @@ class RunSection(_Section):
     @field_validator("name")
     @classmethod
     def _safe_name(cls, name: str) -> str:
-        # The name becomes a directory: no separators, no "..", nothing hidden.
-        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", name):
-            raise ValueError("use letters, digits, '.', '_' or '-' (not starting with '.' or '-')")
-        return name
+        return safe_dir_name(name)
+
+
+#: What a run or experiment name may be: it becomes a directory.
+DIR_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def safe_dir_name(name: str) -> str:
+    """``name`` if it can be a folder name (no separators, no "..", nothing hidden), else
+    ValueError saying what is allowed."""
+    if not DIR_NAME.fullmatch(name):
+        raise ValueError("use letters, digits, '.', '_' or '-' (not starting with '.' or '-')")
+    return name
+
+
+# An experiment runs every cell on one cluster: keys that say where runs go or execute
+# are the experiment's own, not a grid's.
+GRID_FORBIDDEN = ("run.name", "run.output_dir", "cluster", "experiment")
+MAX_CELLS = 1000  # each cell is a whole run; a grid of more is a mistake, not a study
+
+
+class ExperimentSection(_Section):
+    """``simpipe experiment CONFIG``: the cartesian product of `grid`, one run per cell
+    under `<run.output_dir>/<experiment.name>/<cell>/`, all on one cluster. The rest of
+    the file is every cell's base config; `simpipe run` refuses a file with this table."""
+
+    name: str | None = Field(None, description=(
+        "the experiment's folder under `run.output_dir` (default: `run.name`); the same rules "
+        "as `run.name`"))
+    grid: dict[str, list[Any]] = Field(description=(
+        "config key -> the values it takes, e.g. `{ \"game.prompt\" = [\"basic\", "
+        "\"cot\"], \"game.ratio\" = [\"1/2\", \"2/3\"] }`; any key but `run.name`, "
+        "`run.output_dir`, `cluster.*`. A value that is a table sets each of its keys "
+        "under the grid key (`\"game\" = [{ ratio = \"1/2\", offset = 5 }, ...]`: keys "
+        f"that vary together). At most {MAX_CELLS} cells; each cell's config is validated "
+        "before any cell runs"))
+
+    @field_validator("name")
+    @classmethod
+    def _safe_name(cls, name: str | None) -> str | None:
+        return None if name is None else safe_dir_name(name)
+
+    @field_validator("grid", mode="before")
+    @classmethod
+    def _flat_grid(cls, grid: Any) -> Any:
+        # `[experiment.grid]` with `game.prompt = [...]` reads as nested tables: the same grid.
+        if not isinstance(grid, dict):
+            return grid
+        flat: dict[str, Any] = {}
+
+        def walk(prefix: str, node: dict) -> None:
+            for key, value in node.items():
+                name = f"{prefix}.{key}" if prefix else str(key)
+                if isinstance(value, dict):
+                    walk(name, value)
+                else:
+                    flat[name] = value
+
+        walk("", grid)
+        return flat
+
+    @field_validator("grid")
+    @classmethod
+    def _usable_grid(cls, grid: dict[str, list[Any]]) -> dict[str, list[Any]]:
+        if not grid:
+            raise ValueError("no keys: give at least one key and its values")
+        cells = 1
+        for key, values in grid.items():
+            if any(not part.strip() for part in key.split(".")):
+                raise ValueError(f"{shown(key)}: not a config key (expected e.g. game.prompt)")
+            if any(key == f or key.startswith(f + ".") for f in GRID_FORBIDDEN):
+                raise ValueError(f"{shown(key)}: not a grid key: every cell runs on one "
+                                 "cluster and is named by the grid (run.name, run.output_dir, "
+                                 "cluster.* and experiment.* are the experiment's own)")
+            if not values:
+                raise ValueError(f"{shown(key)}: no values; give at least one")
+            texts = [json.dumps(v, sort_keys=True, default=str) for v in values]
+            if len(set(texts)) < len(texts):
+                raise ValueError(f"{shown(key)}: a value is listed twice")
+            for value in values:
+                if isinstance(value, datetime.datetime | datetime.date | datetime.time):
+                    raise ValueError(f"{shown(key)} = {shown(value)}: no config key takes a "
+                                     "date or time; quote it to make it text")
+            cells *= len(values)
+        if cells > MAX_CELLS:
+            raise ValueError(f"{cells:,} cells; at most {MAX_CELLS:,} (each cell is a run)")
+        for key, values in grid.items():
+            for inner in (k for k in grid if k.startswith(key + ".")):
+                # "game" = [{ ratio = ... }] beside "game.prompt": fine unless a table of
+                # "game" sets prompt too, or a value of "game" replaces the whole table.
+                first = inner[len(key) + 1:].split(".")[0]
+                if any(not isinstance(v, dict) or first in v for v in values):
+                    raise ValueError(f"{shown(key)} and {shown(inner)} overlap (both set "
+                                     f"{shown(inner)}): give it in one place")
+        return grid
 
 
 class _Agents(SamplingSettings):
@@ -176,6 +269,17 @@ class Config(_Section):
         "another kind (`queue` with `kind = \"local\"`) is an error naming the key and the "
         "kind. To change the kind with `--set`, replace the section: "
         "`--set 'cluster={kind=\"local\"}'`"))
+    experiment: ExperimentSection | None = Field(None, description=(
+        "a grid of runs (`simpipe experiment CONFIG`, [runs](runs.md#experiments)); "
+        "absent: the file is one run"))
+
+    @model_serializer(mode="wrap")
+    def _without_experiment(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # A cell's run.json and results hash are those of a plain run: no table when absent.
+        data = handler(self)
+        if self.experiment is None:
+            data.pop("experiment", None)
+        return data
 
     @model_validator(mode="before")
     @classmethod
@@ -223,7 +327,7 @@ class Config(_Section):
     def results_hash(self) -> str:
         """Hash of everything that decides the results (not where or on what they run)."""
         data = self.model_dump(mode="json", exclude={
-            "cluster": True, "run": {"output_dir"},
+            "cluster": True, "run": {"output_dir"}, "experiment": True,
             # Servers may move between a run and its --resume (a new `cluster up`).
             "agents": dict.fromkeys(endpoint_backends(), {"endpoints"}),
         })
@@ -304,6 +408,13 @@ def _digest(data: Any) -> str:
 
 def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Config:
     """Read a TOML config, apply ``key=value`` overrides, validate. Raises ConfigError."""
+    return config_from_dict(read_config_dict(path, overrides), source=str(path))
+
+
+def read_config_dict(path: str | Path,
+                     overrides: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
+    """A TOML config file as a dict with ``key=value`` overrides applied, not validated (an
+    experiment validates one config per cell from it). Raises ConfigError."""
     path = Path(path)
     data = _read_config_file(path)
     try:
@@ -321,7 +432,7 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
         raise ConfigError(f"{path}: not valid TOML: {_unreadable(exc)}") from None
     for item in overrides:
         apply_override(raw, item)
-    return config_from_dict(raw, source=str(path))
+    return raw
 
 
 def _validated_copy(model: M, source: str, update: dict[str, Any]) -> M:

@@ -140,13 +140,23 @@ class BeautyContest(Game):
         return self.config.ratio_value
 
     def human_reference(self) -> HumanReference | None:
+        """Nagel (1995) for this ratio (no offset, guesses in [0, 100]): the mean choice per
+        period where her sessions' periods are in hand (1/2, 2/3: the unweighted average of
+        the sessions' means), the first period alone otherwise (4/3)."""
         refs = load_references()
         row = refs.human_for(self.config.ratio, self.config.offset)
         if row is None or (self.config.low, self.config.high) != (0, 100):
             return None
+        periods = refs.period_means(self.config.ratio)
+        if periods is None:
+            return HumanReference(
+                citation=refs.human_citation, note="first-round guesses only", subjects=row.n,
+                statistic="mean guess", by_round=(row.mean,), medians=(row.median,))
         return HumanReference(
-            citation=refs.human_citation, note="first-round guesses only", subjects=row.n,
-            statistic="mean guess", by_round=(row.mean,), medians=(row.median,))
+            citation=refs.human_citation, subjects=row.n, statistic="mean guess",
+            note="mean choice per period, the unweighted average of the sessions' means "
+                 "(the winning number announced after each period)",
+            by_round=periods, medians=(row.median,))
 
     def round_numbers(self, rows: pd.DataFrame) -> dict[str, float | None]:
         return {"mean": weighted_mean(rows)}

@@ -132,7 +132,8 @@ class PublicGoods(Game):
             return None
         return HumanReference(citation=data["citation"], note=data["caveat"],
                               subjects=int(design["subjects"]), statistic=data["statistic"],
-                              by_round=tuple(float(v) for v in data["per_period"]))
+                              by_round=tuple(float(v) for v in data["per_period"]),
+                              column="contribution_pct")
 
     def round_numbers(self, rows: pd.DataFrame) -> dict[str, float | None]:
         n = int(rows["n"].sum())

@@ -44,6 +44,10 @@ def run(config_path: str, resume: bool, force: bool, cluster_name: str | None, e
     if resume and force:
         raise SimpipeError("--resume and --force contradict each other: pick one")
     config = load(config_path, overrides)
+    if config.experiment is not None:
+        raise SimpipeError(f"{config_path} has an [experiment] table: run its grid with "
+                           f"`simpipe experiment {shlex.quote(config_path)}` (`simpipe run` "
+                           "runs one config)")
     try:
         result = run_simulation(config, resume=resume, force=force, emulate=emulate,
                                 cluster_name=cluster_name)
@@ -70,6 +74,15 @@ def validate(config_path: str, overrides: tuple[str, ...]) -> None:
                f"{config.population.size:,} agents in {config.population.n_partitions} partitions, "
                f"{config.game.rounds} rounds, backend {config.agents.backend})")
     click.echo(resolved_settings(config))
+    if config.experiment is not None:
+        from simpipe.run.experiment import load_experiment
+
+        experiment = load_experiment(config_path, overrides)  # every cell validated
+        click.echo(f"experiment {experiment.name}: {len(experiment.cells)} cells in "
+                   f"{experiment.folder}, each valid:")
+        for cell in experiment.cells:
+            values = ", ".join(f"{k}={v!r}" for k, v in cell.overrides.items())
+            click.echo(f"  {cell.name}  ({values})")
 
 
 @main.group()
@@ -306,6 +319,10 @@ def bench_client(n_requests: int, concurrency: int) -> None:
 from simpipe.cli.report import report_command  # noqa: E402 - light: click only
 
 main.add_command(report_command)
+
+from simpipe.cli.experiment import experiment_command  # noqa: E402 - light: click only
+
+main.add_command(experiment_command)
 
 from simpipe.cli.population import population_show  # noqa: E402 - light: click only
 

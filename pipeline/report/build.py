@@ -11,8 +11,11 @@ from simpipe.report import cot
 from simpipe.report import figures as fig
 from simpipe.report import tables as tab
 from simpipe.report.contents import FigureItem, Report, TableSection
+from simpipe.report.experiment import comparison, load_experiment_runs
 from simpipe.report.html import write_html
 from simpipe.report.load import ReportInputError, RunData, load_runs, slug
+from simpipe.store.experiment import is_experiment_dir
+from simpipe.tables import markdown_table
 
 FLOAT2 = "{:.2f}"
 NOT_SHOWN = "not shown to the agents"
@@ -27,7 +30,13 @@ FORMATS: dict[str, str] = {
                             "first_mean", "first_median", "last_mean", "run_mean", "run_median",
                             "human_mean", "human_median", "mean_contribution", "mean_payoff")},
     **{c: "{:.1f}" for c in ("contribution_pct", "first_pct", "last_pct", "run_pct",
-                             "human_pct")},
+                             "human_pct", "human_contribution_pct")},
+    # the comparison of an experiment's cells
+    **{c: FLOAT2 for c in ("mean_ci_low", "mean_ci_high", "median_ci_low", "median_ci_high",
+                           "human_mean", "mean_a", "mean_b", "diff", "rank_biserial",
+                           "welch_t", "cohens_d")},
+    **{c: "{:.3g}" for c in ("mw_p", "mw_p_holm", "welch_p", "welch_p_holm")},
+    "n_a": "{:,}", "n_b": "{:,}", "mw_u": "{:,.0f}",
 }
 
 
@@ -37,17 +46,66 @@ def available_attributes(runs: Sequence[RunData]) -> list[str]:
 
 def build_report(run_dirs: Sequence[str | Path], out: str | Path | None = None,
                  by: Sequence[str] = ()) -> Report:
-    """Write tables/*.csv, figures/*.png and report.html under `out`; return what was written."""
+    """Write tables/*.csv, figures/*.png and report.html under `out`; return what was written.
+    An experiment folder (``simpipe experiment``) gets the comparison of its cells
+    (``simpipe.report.experiment``)."""
+    experiments = [d for d in run_dirs if is_experiment_dir(d)]
+    if experiments:
+        if len(run_dirs) > 1:
+            raise ReportInputError(f"{experiments[0]} is an experiment folder: report it alone "
+                                   "(its cells are compared with each other)")
+        return build_experiment_report(experiments[0], out, by)
     runs = load_runs(run_dirs)
     attributes = _choose_attributes(runs, by)
     out_dir = Path(out) if out is not None else default_out(runs)
-    _make_out_dirs(out_dir)
-    notes: list[str] = []
+    make_out_dirs(out_dir)
+    return assemble_report(runs, out_dir, attributes)
+
+
+def build_experiment_report(folder: str | Path, out: str | Path | None = None,
+                            by: Sequence[str] = ()) -> Report:
+    """The report of an experiment folder (default out: ``<folder>/report``): the comparison
+    of its cells first (``simpipe.report.experiment``), then every cell's run as in a
+    report of several runs; the tables also as Markdown in ``report.md``. Per-attribute
+    breakdowns only for the attributes ``by`` names (one per cell would crowd the page)."""
+    experiment = load_experiment_runs(folder)
+    runs = experiment.runs
+    attributes = _choose_attributes(runs, by) if by else []
+    out_dir = Path(out) if out is not None else Path(folder) / "report"
+    make_out_dirs(out_dir)
+    lead, figures, notes = comparison(experiment, out_dir)
+    if not by:
+        notes.append("per-attribute breakdowns: pass --by ATTR (e.g. --by education)")
+    report = assemble_report(runs, out_dir, attributes, lead, figures, notes)
+    write_markdown(report, out_dir / "report.md")
+    return report
+
+
+def write_markdown(report: Report, path: Path) -> None:
+    """Every table of ``report`` as Markdown, with its notes and citation."""
+    parts = ["# simpipe report", ""]
+    parts += [f"note: {n}" for n in report.notes]
+    for section in report.sections:
+        parts += ["", f"## {section.title}", "", markdown_table(section.display_rows(), FORMATS)]
+        parts += [f"\n{n}" for n in section.notes]
+        if section.citation:
+            parts.append(f"\nSource: {section.citation}")
+    path.write_text("\n".join(parts) + "\n", encoding="utf-8")
+
+
+def assemble_report(runs: Sequence[RunData], out_dir: Path, attributes: Sequence[str],
+                    lead: Sequence[TableSection] = (), lead_figures: Sequence[FigureItem] = (),
+                    lead_notes: Sequence[str] = ()) -> Report:
+    """The report of ``runs`` (loaded, one game) in ``out_dir`` (made): the tables and
+    figures of every run, after the ``lead`` sections, figures and notes a caller puts first
+    (an experiment's comparison)."""
+    notes: list[str] = list(lead_notes)
     game = runs[0].game  # load_runs: every run plays the same game
     game_notes = game.report_notes()
 
     round_tables = [tab.round_table(run) for run in runs]
     sections = [
+        *lead,
         TableSection("runs", "Per run", tab.run_table(runs, round_tables),
                      notes=game_notes.get("runs", [])),
         TableSection("rounds", "Per round", pd.concat(round_tables, ignore_index=True),
@@ -57,7 +115,7 @@ def build_report(run_dirs: Sequence[str | Path], out: str | Path | None = None,
         sections.append(TableSection(
             ref.key, ref.title, pd.DataFrame.from_records(ref.records, columns=ref.columns),
             notes=ref.notes, citation=ref.citation))
-    figures: list[FigureItem] = []
+    figures: list[FigureItem] = list(lead_figures)
     for run, rounds in zip(runs, round_tables, strict=True):
         stem = slug(run.label)
         chart = run.game.round_chart()
@@ -124,12 +182,12 @@ def build_report(run_dirs: Sequence[str | Path], out: str | Path | None = None,
     for section in sections:
         section.frame.to_csv(out_dir / "tables" / f"{section.key}.csv", index=False)
 
-    report = Report(out_dir, runs, sections, figures, out_dir / "report.html", notes)
+    report = Report(out_dir, list(runs), sections, figures, out_dir / "report.html", notes)
     write_html(report, FORMATS)
     return report
 
 
-def _make_out_dirs(out_dir: Path) -> None:
+def make_out_dirs(out_dir: Path) -> None:
     """The report's folders; ReportInputError naming the folder when they cannot be made
     (``--out /proc/self``, a path below a file, a read-only place)."""
     for sub in ("tables", "figures"):

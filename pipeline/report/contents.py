@@ -37,6 +37,7 @@ class FigureItem:
     caption: str
     run: str | None = None  # None: a comparison of all runs
     attribute: str | None = None
+    section: str | None = None  # shown right after this table (its key), not with the runs
 
 
 @dataclass

@@ -17,6 +17,7 @@ from matplotlib.figure import Figure
 
 from simpipe.games.base import RoundChart
 from simpipe.report.load import RunData
+from simpipe.report.stats import CONFIDENCE
 
 N_BINS = 50
 DPI = 110
@@ -146,6 +147,57 @@ def compare_convergence_figure(runs: Sequence[RunData], rounds: Sequence[pd.Data
                   else chart.y_label)
     ax.set_title(chart.title)
     ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def condition_figure(run: RunData, rows: pd.DataFrame, path: Path) -> Path:
+    """One cell: mean (with its interval) and median per round, the game's reference levels
+    and the human data where there is any."""
+    game = run.game
+    chart = game.round_chart()
+    fig = Figure(figsize=(6.4, 4.0), dpi=DPI, layout="constrained")
+    ax = fig.subplots()
+    x = rows["round"].to_numpy()
+    ax.fill_between(x, rows["mean_ci_low"], rows["mean_ci_high"], alpha=0.25,
+                    label=f"mean, {CONFIDENCE:.0%} interval")
+    ax.plot(x, rows["mean"], marker="o", label=f"mean {game.answer_name}")
+    ax.plot(x, rows["median"], marker="s", linestyle="--", label=f"median {game.answer_name}")
+    if "winning_guess" in rows:
+        ax.plot(x, rows["winning_guess"], marker="^", linestyle="-.", label="winning guess")
+    human = game.human_reference()
+    column = f"human_{human.column}" if human is not None else None
+    if column is not None and column in rows and human.column == "mean":
+        shown = rows[column].notna().to_numpy()
+        if shown.any():
+            ax.plot(x[shown], rows[column][shown], color="grey", linestyle="--", marker="x",
+                    label="humans")
+    for name, value in chart.levels:
+        ax.axhline(value, color="black", linestyle=":", label=f"{name} {value:g}")
+    _round_axis(ax, x)
+    ax.set_ylim(*game.answer().bounds)
+    ax.set_ylabel(game.answer_name)
+    ax.set_title(f"{run.label}\n{game.variant()}", fontsize=10)
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def conditions_figure(runs: Sequence[RunData], rows: pd.DataFrame, path: Path) -> Path:
+    """Every cell's mean per round with its interval, on one axis."""
+    game = runs[0].game
+    fig = Figure(figsize=(7.2, 4.4), dpi=DPI, layout="constrained")
+    ax = fig.subplots()
+    width = 0.6 / max(len(runs), 1)
+    for i, run in enumerate(runs):
+        part = rows[rows["condition"] == run.label]
+        x = part["round"].to_numpy() + (i - (len(runs) - 1) / 2) * width
+        err = np.vstack([part["mean"] - part["mean_ci_low"], part["mean_ci_high"] - part["mean"]])
+        ax.errorbar(x, part["mean"], yerr=np.nan_to_num(err), marker="o", capsize=3,
+                    label=run.label)
+    _round_axis(ax, rows["round"].to_numpy())
+    ax.set_ylim(*game.answer().bounds)
+    ax.set_ylabel(f"mean {game.answer_name} ({CONFIDENCE:.0%} interval)")
+    ax.set_title(f"mean {game.answer_name} per round, every condition")
+    ax.legend(fontsize=7)
     return _save(fig, path)
 
 

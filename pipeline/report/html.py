@@ -37,12 +37,14 @@ def write_html(report: Report, formats: Mapping[str, str]) -> None:
     parts += [f"<p class='note'>{html.escape(n)}</p>" for n in report.notes]
     for section in report.sections:
         parts.append(_section(section, formats))
+        parts += [_figure(f) for f in report.figures if f.section == section.key]
         if section.key == "rounds":
             parts += [_figure(f) for f in report.figures
-                      if f.run is not None and f.attribute is None]
+                      if f.run is not None and f.attribute is None and f.section is None]
         if section.attribute is not None:
             parts += [_figure(f) for f in report.figures if f.attribute == section.attribute]
-    compare = [f for f in report.figures if f.run is None and f.attribute is None]
+    compare = [f for f in report.figures
+               if f.run is None and f.attribute is None and f.section is None]
     if compare:
         parts.append("<h2>Runs side by side</h2>")
         parts += [_figure(f) for f in compare]

@@ -1,0 +1,503 @@
+"""``simpipe experiment CONFIG``: a grid of runs on one cluster.
+
+A config with an ``[experiment]`` table (``simpipe.config.ExperimentSection``) is the base
+of every cell; the cartesian product of its ``grid`` gives the cells, each one run folder
+``<run.output_dir>/<experiment>/<cell>/`` named from its grid values, and
+``experiment.json`` beside them lists the cells, their values and states
+(``simpipe.store.experiment``)::
+
+    experiment = load_experiment("examples/paper-table.toml")   # every cell validated
+    result = run_experiment(experiment)                         # one cluster for all cells
+
+Why every cell is validated and planned before anything starts: a typo in the seventh cell
+must not surface after six cells' worth of GPU time. Why one entered executor: the cells
+share its workers and servers (warm engines, no start-up per cell), as in
+``with executor_for(config) as ex: run_simulation(a, executor=ex); ...``.
+
+Rerunning the command resumes: a finished cell (same config hash) is skipped, an
+interrupted or failed one goes on with the run's own ``--resume``, a new one starts.
+Ctrl-C or a cell's CANCEL file stops the experiment (that cell resumable); a CANCEL file in
+the experiment folder stops it between cells.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import re
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from itertools import product
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from simpipe.config import (
+    DIR_NAME,
+    Config,
+    ConfigError,
+    RunSection,
+    config_from_dict,
+    read_config_dict,
+)
+from simpipe.errors import SimpipeError
+from simpipe.records import CorruptFile
+from simpipe.run.console import LOGGER, Console
+from simpipe.run.executor import Executor, executor_for
+from simpipe.run.quiet_teardown import QuietTeardown
+from simpipe.run.simulation import RunCancelled, run_simulation
+from simpipe.store.experiment import (
+    CellRecord,
+    ExperimentRecord,
+    experiment_file,
+    read_experiment,
+    write_experiment,
+)
+from simpipe.store.layout import RunPaths
+from simpipe.store.ledger import RunDirError
+from simpipe.store.record import read_ledger
+
+MAX_ERROR_LINES = 20  # a bad value in a 64-cell grid is one problem, not 64 lines
+_TOKEN_CHARS = 40  # a value longer than this is named by a hash in the cell name
+
+
+class ExperimentCancelled(RunCancelled):
+    """The experiment folder's CANCEL file stopped it between cells."""
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One combination of the grid: its folder name, its values (grid key -> value) and
+    its validated config (``run.name`` the cell, ``run.output_dir`` the experiment)."""
+
+    name: str
+    overrides: dict[str, Any]
+    config: Config
+
+    @property
+    def run_dir(self) -> Path:
+        return self.config.run_dir
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """A validated experiment: every cell's config, and the config of the one cluster they
+    share (the first cell's, named after the experiment)."""
+
+    name: str
+    source: str
+    folder: Path
+    grid: dict[str, list[Any]]
+    cells: tuple[Cell, ...]
+    executor_config: Config
+
+
+@dataclass
+class CellResult:
+    name: str
+    overrides: dict[str, Any]
+    run_dir: Path
+    state: str
+    skipped: bool  # finished before this invocation
+    wall_s: float | None = None
+
+
+@dataclass
+class ExperimentResult:
+    folder: Path
+    name: str
+    state: str
+    cells: list[CellResult] = field(default_factory=list)
+    wall_s: float = 0.0
+
+    @property
+    def run_dirs(self) -> list[Path]:
+        return [c.run_dir for c in self.cells]
+
+
+# --- loading and validating ----------------------------------------------------------------
+
+
+def load_experiment(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Experiment:
+    """The experiment of a config file with an ``[experiment]`` table, ``--set`` overrides
+    applied to the base; every cell validated. ConfigError (one line per problem, naming
+    the cell and the key) when any cell's config is invalid."""
+    return experiment_from_dict(read_config_dict(path, overrides), source=str(path))
+
+
+def experiment_from_dict(raw: dict[str, Any], source: str = "config") -> Experiment:
+    """``load_experiment`` of a config already read into a dict."""
+    if not isinstance(raw.get("experiment"), dict):
+        raise ConfigError(f"{source}: no [experiment] table; add one with a grid "
+                          "(`[experiment] grid = { \"game.prompt\" = [\"basic\", \"cot\"] }`), "
+                          "or run the config alone with `simpipe run`")
+    section = config_from_dict({"experiment": raw["experiment"]}, source).experiment
+    if section is None:  # the table was given: validation keeps it
+        raise ConfigError(f"{source}: the [experiment] table was not read")
+    base = {key: value for key, value in raw.items() if key != "experiment"}
+    run = base.get("run") if isinstance(base.get("run"), dict) else {}
+    fields = RunSection.model_fields
+    output_dir = run.get("output_dir", fields["output_dir"].default)
+    name = section.name or run.get("name", fields["name"].default)
+    if not isinstance(output_dir, str) or not isinstance(name, str):
+        config_from_dict(base, source)  # says what is wrong with [run]
+        raise ConfigError(f"{source}: run.name and run.output_dir must be text")
+    folder = Path(output_dir) / name
+
+    cells: list[Cell] = []
+    problems: dict[str, list[str]] = {}
+    for cell_name, values in cell_names(section.grid):
+        cell_raw = _cell_dict(base, values, {"name": cell_name, "output_dir": str(folder)})
+        try:
+            cells.append(Cell(cell_name, values, config_from_dict(cell_raw, "@")))
+        except ConfigError as exc:
+            for line in str(exc).splitlines():
+                problems.setdefault(line.removeprefix("@: "), []).append(cell_name)
+    if problems:
+        raise ConfigError("\n".join(_problem_lines(problems, source)))
+    executor_raw = _cell_dict(base, cells[0].overrides, {"name": name, "output_dir": output_dir})
+    executor_config = config_from_dict(executor_raw, f"{source}: the experiment's cluster")
+    return Experiment(name, source, folder, dict(section.grid), tuple(cells), executor_config)
+
+
+def _problem_lines(problems: dict[str, list[str]], source: str) -> list[str]:
+    """One line per distinct problem, naming the first cell that has it."""
+    lines = []
+    for message, names in problems.items():
+        more = f" (and {len(names) - 1} more cell{'s' if len(names) > 2 else ''})" \
+            if len(names) > 1 else ""
+        lines.append(f"{source}: experiment cell {names[0]}{more}: {message}")
+    if len(lines) > MAX_ERROR_LINES:
+        rest = len(lines) - MAX_ERROR_LINES
+        lines = [*lines[:MAX_ERROR_LINES], f"{source}: ... and {rest} more problems"]
+    return lines
+
+
+def _cell_dict(base: dict[str, Any], values: dict[str, Any],
+               run: dict[str, str]) -> dict[str, Any]:
+    """The base config with a cell's grid values and its run name and folder."""
+    raw = copy.deepcopy(base)
+    for key, value in values.items():
+        parts = key.split(".")
+        node = raw
+        for part in parts[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                child = node[part] = {}  # a value where the grid needs a table: validation says
+            node = child
+        target = node.get(parts[-1])
+        if isinstance(value, dict) and isinstance(target, dict):
+            target.update(copy.deepcopy(value))  # a table sets each of its keys
+        else:
+            node[parts[-1]] = copy.deepcopy(value)
+    section = raw.setdefault("run", {})
+    if isinstance(section, dict):
+        section.update(run)
+    return raw
+
+
+def cell_names(grid: dict[str, list[Any]]) -> list[tuple[str, dict[str, Any]]]:
+    """Every combination of the grid (the first key varies slowest) with its folder name:
+    ``<key>-<value>`` per grid key, joined by ``__`` (``prompt-cot__ratio-2_3``); the key is
+    its last part unless two keys share it. Stable (the same grid gives the same names),
+    a valid ``run.name``, and distinct (a hash is added where two would collide)."""
+    keys = list(grid)
+    labels = _key_labels(keys)
+    combos = [dict(zip(keys, values, strict=True)) for values in product(*grid.values())]
+    names = ["__".join(_part(labels[k], v) for k, v in combo.items()) for combo in combos]
+    names = [_fit(n, combo) for n, combo in zip(names, combos, strict=True)]
+    counts = {n: names.count(n) for n in names}
+    names = [_fit(f"{n}-{_hash(combo)}", combo) if counts[n] > 1 else n
+             for n, combo in zip(names, combos, strict=True)]
+    return list(zip(names, combos, strict=True))
+
+
+def _key_labels(keys: list[str]) -> dict[str, str]:
+    last = [k.split(".")[-1] for k in keys]
+    return {k: _clean(k if last.count(short) > 1 else short)
+            for k, short in zip(keys, last, strict=True)}
+
+
+def _part(label: str, value: Any) -> str:
+    if isinstance(value, dict):  # keys that vary together name themselves
+        return _token(value) if value else f"{label}-base"
+    return f"{label}-{_token(value)}"
+
+
+def _token(value: Any) -> str:
+    if isinstance(value, bool):
+        text = "true" if value else "false"
+    elif isinstance(value, int | float):
+        text = repr(value)
+    elif isinstance(value, str):
+        text = value
+    elif isinstance(value, dict):
+        text = "-".join(f"{_clean(str(k))}-{_token(v)}" for k, v in value.items())
+    else:
+        text = "-".join(_token(v) for v in value) if isinstance(value, list) else str(value)
+    text = _clean(text)
+    if not text or len(text) > _TOKEN_CHARS:
+        text = f"{text[:16]}-h{_hash(value)}" if text else f"h{_hash(value)}"
+    return text
+
+
+def _clean(text: str) -> str:
+    # "/" in "2/3" and anything else a folder name cannot hold becomes "_".
+    return re.sub(r"[^A-Za-z0-9.-]+", "_", text).strip("_")
+
+
+def _hash(value: Any) -> str:
+    text = json.dumps(value, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:8]
+
+
+def _fit(name: str, combo: dict[str, Any]) -> str:
+    """A valid run.name: at most 128 characters, starting with a letter or digit."""
+    if len(name) > 128:
+        name = f"{name[:118]}-{_hash(combo)}"
+    if not DIR_NAME.fullmatch(name):
+        name = f"cell-{_hash(combo)}"
+    return name
+
+
+# --- planning -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Plan:
+    cell: Cell
+    action: str  # skip, resume, start, replace
+    state: str  # what the folder holds now
+
+
+def plan_cells(experiment: Experiment, force: bool = False) -> list[_Plan]:
+    """What each cell needs, decided from its folder before anything starts: skip (finished,
+    same config), resume (same config, not finished), start (no run yet), replace
+    (``force``). RunDirError naming every cell whose folder holds another config's run."""
+    plans, problems = [], []
+    for cell in experiment.cells:
+        ledger_path = RunPaths(cell.run_dir).ledger
+        if not ledger_path.exists():
+            plans.append(_Plan(cell, "start", "pending"))
+            continue
+        try:
+            record = read_ledger(ledger_path)
+        except CorruptFile as exc:
+            if force:
+                plans.append(_Plan(cell, "replace", "failed"))
+            else:
+                problems.append(f"cell {cell.name}: {exc}; pass --force to start it over")
+            continue
+        same = record.config_hash == cell.config.results_hash()
+        if force:
+            plans.append(_Plan(cell, "replace", record.state))
+        elif not same:
+            problems.append(f"cell {cell.name}: {cell.run_dir} holds a run made from a different "
+                            f"config (hash {record.config_hash} there, "
+                            f"{cell.config.results_hash()} now); pass --force to replace the "
+                            "cells, or set experiment.name to a new name")
+        elif record.is_finished:
+            plans.append(_Plan(cell, "skip", "finished"))
+        else:
+            plans.append(_Plan(cell, "resume", record.state))
+    if problems:
+        raise RunDirError("\n".join(problems[:MAX_ERROR_LINES]))
+    return plans
+
+
+def _check_folder(experiment: Experiment) -> None:
+    folder = experiment.folder
+    if folder.exists() and not folder.is_dir():
+        raise RunDirError(f"{folder} is a file, not an experiment folder; set experiment.name")
+    if RunPaths(folder).ledger.exists():
+        raise RunDirError(f"{folder} is a run's folder (it holds run.json), not an "
+                          "experiment's; set experiment.name to another name")
+
+
+# --- running --------------------------------------------------------------------------------
+
+
+class _CellConsole(Console):
+    """A cell's run: its lines go to its run.log only (the experiment prints one line per
+    cell); warnings and the round's progress bar still show unless the experiment is quiet."""
+
+    def __init__(self, shown: bool, cell: str) -> None:
+        super().__init__(quiet=True)
+        self.shown = shown
+        self.cell = cell
+
+    def warn(self, text: str) -> None:
+        LOGGER.warning(text)
+        if self.shown:
+            tqdm.write(f"warning: {self.cell}: {text}", file=sys.stderr)
+
+    def progress(self, total: int, desc: str) -> tqdm:
+        return tqdm(total=total, desc=f"{self.cell} {desc}", unit="part", leave=False,
+                    disable=None if self.shown else True, file=sys.stderr)
+
+
+def run_experiment(experiment: Experiment, *, force: bool = False,
+                   executor: Executor | None = None, cluster_name: str | None = None,
+                   console: Console | None = None) -> ExperimentResult:
+    """Run every cell of ``experiment`` that is not finished, on one cluster: ``executor``
+    (entered here unless the caller entered it), or by default the one ``simpipe run``
+    would build from the experiment's config (``cluster_name``: ``--cluster NAME``).
+    ``force`` replaces every cell's run. Prints one line per cell with the experiment's
+    ETA; writes ``experiment.json``. Ctrl-C (KeyboardInterrupt) and a cancel (RunCancelled)
+    leave the experiment ``interrupted`` and resumable by running it again."""
+    console = console or Console()
+    if executor is not None and cluster_name:
+        raise SimpipeError("run_experiment: executor= says where the cells run, which "
+                           "cluster_name= would replace; pass one or the other")
+    _check_folder(experiment)
+    plans = plan_cells(experiment, force)
+    state = _State(experiment, plans)
+    todo = sum(p.action != "skip" for p in plans)
+    console.line(f"experiment {experiment.name}: {len(plans)} cells "
+                 f"({len(plans) - todo} finished, {todo} to run) in {experiment.folder}")
+    if todo == 0:
+        state.finish()
+        return state.result
+    experiment.folder.mkdir(parents=True, exist_ok=True)
+    experiment_cancel = RunPaths(experiment.folder).cancel_flag
+    experiment_cancel.unlink(missing_ok=True)
+    if executor is None:
+        executor = executor_for(experiment.executor_config, cluster_name=cluster_name,
+                                say=console.line)
+    try:
+        if executor.entered:
+            _run_cells(executor, state, console, experiment_cancel)
+        else:
+            with QuietTeardown() as quiet, executor, quiet.after_interrupt():
+                _run_cells(executor, state, console, experiment_cancel)
+    except BaseException as exc:
+        if state.result.state == "running":  # between cells, or while the cluster started
+            state.stop("interrupted" if isinstance(exc, KeyboardInterrupt) else "failed")
+        raise
+    return state.result
+
+
+def _run_cells(executor: Executor, state: _State, console: Console, cancel: Path) -> None:
+    started = time.perf_counter()
+    walls: list[float] = []
+    total = len(state.plans)
+    left = sum(p.action != "skip" for p in state.plans)
+    for index, plan in enumerate(state.plans, start=1):
+        cell = plan.cell
+        where = f"[{index}/{total}] {cell.name}"
+        if plan.action == "skip":
+            console.line(f"{where}: finished before, skipped")
+            continue
+        if cancel.exists():
+            state.stop("interrupted")
+            console.line(f"cancelled between cells ({cancel}); run the experiment again to go "
+                         "on")
+            raise ExperimentCancelled(str(state.experiment.folder))
+        state.set_cell(cell, "running")
+        t0 = time.perf_counter()
+        try:
+            result = run_simulation(cell.config, executor=executor, console=_CellConsole(
+                not console.quiet, cell.name), resume=plan.action == "resume",
+                force=plan.action == "replace")
+        except (KeyboardInterrupt, RunCancelled):
+            state.set_cell(cell, "interrupted", wall_s=time.perf_counter() - t0)
+            state.stop("interrupted")
+            console.line(f"{where}: interrupted; run the experiment again to resume it")
+            raise
+        except BaseException as exc:
+            state.set_cell(cell, "failed", wall_s=time.perf_counter() - t0,
+                           error=f"{type(exc).__name__}: {exc}"[:2000])
+            state.stop("failed")
+            console.line(f"{where}: failed ({type(exc).__name__}); its run.log has the details; "
+                         "run the experiment again to resume it")
+            raise
+        wall = time.perf_counter() - t0
+        walls.append(wall)
+        left -= 1
+        state.set_cell(cell, "finished", wall_s=result.wall_s)
+        eta = sum(walls) / len(walls) * left
+        console.line(f"{where}: finished in {_duration(wall)}{_first_round(result.run_dir)}; "
+                     f"{index}/{total} cells done, "
+                     + (f"ETA {_duration(eta)}" if left else
+                        f"experiment done in {_duration(time.perf_counter() - started)}"))
+    state.finish()
+
+
+def _first_round(run_dir: Path) -> str:
+    try:
+        first = read_ledger(RunPaths(run_dir).ledger).round(0)
+    except CorruptFile:
+        return ""
+    if first is None or first.mean is None:
+        return ""
+    return f" (first-round mean {first.mean:.2f})"
+
+
+def _duration(seconds: float) -> str:
+    seconds = max(0, round(seconds))
+    if seconds < 60:
+        return f"{seconds} s"
+    minutes, s = divmod(seconds, 60)
+    if minutes < 60:
+        return f"{minutes} min {s:02d} s"
+    hours, m = divmod(minutes, 60)
+    return f"{hours} h {m:02d} min"
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+class _State:
+    """``experiment.json`` as the experiment goes, saved at each change, and the result
+    returned."""
+
+    def __init__(self, experiment: Experiment, plans: list[_Plan]) -> None:
+        self.experiment = experiment
+        self.plans = plans
+        created = _now()
+        if experiment_file(experiment.folder).is_file():
+            try:
+                created = read_experiment(experiment.folder).created_at or created
+            except CorruptFile:
+                pass  # rewritten from the grid below
+        self.record = ExperimentRecord(
+            name=experiment.name, source=experiment.source, grid=experiment.grid,
+            state="running", created_at=created, updated_at=created,
+            cells=[CellRecord(name=p.cell.name, overrides=p.cell.overrides,
+                              state="finished" if p.action == "skip" else "pending",
+                              config_hash=p.cell.config.results_hash()) for p in plans])
+        self.result = ExperimentResult(
+            experiment.folder, experiment.name, "running",
+            [CellResult(p.cell.name, p.cell.overrides, p.cell.run_dir,
+                        "finished" if p.action == "skip" else "pending", p.action == "skip")
+             for p in plans])
+        self.started = time.perf_counter()
+        self.save()
+
+    def save(self) -> None:
+        self.record = self.record.model_copy(update={"updated_at": _now()})
+        write_experiment(self.experiment.folder, self.record)
+
+    def set_cell(self, cell: Cell, state: str, wall_s: float | None = None,
+                 error: str | None = None) -> None:
+        cells = [c.model_copy(update={"state": state, "wall_s": wall_s, "error": error})
+                 if c.name == cell.name else c for c in self.record.cells]
+        self.record = self.record.model_copy(update={"cells": cells})
+        for item in self.result.cells:
+            if item.name == cell.name:
+                item.state, item.wall_s = state, wall_s
+        self.save()
+
+    def stop(self, state: str) -> None:
+        self.record = self.record.model_copy(update={"state": state})
+        self.result.state = state
+        self.result.wall_s = time.perf_counter() - self.started
+        self.save()
+
+    def finish(self) -> None:
+        self.stop("finished")

@@ -1,0 +1,134 @@
+"""``simpipe experiment``: a grid of runs on one cluster. Real runs of scripted agents on a
+real LocalCluster: the cells share one scheduler, a cancelled cell resumes, finished cells
+are skipped, and a bad grid value is refused, naming the cell and the key, before anything
+starts."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+import simpipe
+from simpipe.config import DIR_NAME, ConfigError
+from simpipe.games.beauty_contest.reference import load_references
+from simpipe.run.console import Console
+from simpipe.run.experiment import cell_names, experiment_from_dict, run_experiment
+from simpipe.run.simulation import RunCancelled
+from simpipe.store.experiment import read_experiment
+from simpipe.store.results import read_ledger, read_rounds
+
+from support import cancel_after_first_round, one_error_line, simpipe_cli
+
+QUIET = Console(quiet=True)
+GRID = {"game.prompt": ["basic", "cot"], "game.ratio": ["1/2", "2/3"]}
+
+
+def raw_config(tmp_path: Path, grid: dict | None = None) -> dict:
+    return {
+        "run": {"name": "t", "seed": 5, "output_dir": str(tmp_path / "results")},
+        "population": {"size": 200, "partitions": 2,
+                       "attributes": {"education": {"values": {"High School": 1, "Ph.D.": 1}}}},
+        "game": {"rounds": 3},
+        "agents": {"backend": "scripted"},
+        "cluster": {"kind": "local", "workers": 1, "dashboard_address": ""},
+        "experiment": {"name": "grid", "grid": grid or GRID},
+    }
+
+
+def test_a_2x2_grid_runs_on_one_scheduler_resumes_a_cancelled_cell_and_skips_finished_ones(
+        tmp_path: Path) -> None:
+    experiment = experiment_from_dict(raw_config(tmp_path))
+    names = [c.name for c in experiment.cells]
+    assert names == ["prompt-basic__ratio-1_2", "prompt-basic__ratio-2_3",
+                     "prompt-cot__ratio-1_2", "prompt-cot__ratio-2_3"]
+    dirs = [experiment.folder / n for n in names]
+    assert experiment.folder == tmp_path / "results" / "grid"
+
+    cancel_after_first_round(dirs[2])  # the third cell stops after its first round
+    with pytest.raises(RunCancelled):
+        run_experiment(experiment, console=QUIET)
+    record = read_experiment(experiment.folder)
+    assert record.state == "interrupted"
+    assert [c.state for c in record.cells] == ["finished", "finished", "interrupted", "pending"]
+    assert record.cells[2].overrides == {"game.prompt": "cot", "game.ratio": "1/2"}
+    ledgers = [read_ledger(d) for d in dirs[:3]]
+    assert ledgers[0].scheduler and len({led.scheduler for led in ledgers}) == 1
+    assert 0 < ledgers[2].rounds_done < 3 and not dirs[3].exists()
+    first_cell = (dirs[0] / "run.json").read_bytes()
+
+    result = run_experiment(experiment, console=QUIET)  # again: resumes
+    assert result.state == "finished" and [c.skipped for c in result.cells] == [
+        True, True, False, False]
+    assert (dirs[0] / "run.json").read_bytes() == first_cell  # a finished cell is left alone
+    ledgers = [read_ledger(d) for d in dirs]
+    assert all(led.state == "finished" and led.rounds_done == 3 for led in ledgers)
+    assert ledgers[2].scheduler == ledgers[3].scheduler != ledgers[0].scheduler
+    assert ledgers[2].section("game")["prompt"] == "cot"
+    assert len(read_rounds(dirs[2])) == 3 * 200  # each round once, none played twice
+    assert [c.state for c in read_experiment(experiment.folder).cells] == ["finished"] * 4
+
+    again = run_experiment(experiment, console=QUIET)  # nothing left: no cluster started
+    assert all(c.skipped for c in again.cells) and again.state == "finished"
+
+    # The comparison report of the experiment folder.
+    report = simpipe.build_report([experiment.folder])
+    rounds = report.section("conditions_rounds").frame
+    assert len(rounds) == 4 * 3 and set(rounds["condition"]) == set(names)
+    assert (rounds["mean_ci_low"] <= rounds["mean"]).all()
+    assert (rounds["mean"] <= rounds["mean_ci_high"]).all()
+    nagel = load_references().period_means("2/3")
+    two_thirds = rounds[rounds["condition"] == names[1]]
+    assert two_thirds["human_mean"].tolist() == pytest.approx(list(nagel[:3]))
+    pairs = report.section("pairwise").frame
+    assert len(pairs) == 4 and set(pairs["factor"]) == {"game.prompt", "game.ratio"}
+    assert (pairs["mw_p_holm"] >= pairs["mw_p"]).all()
+    assert (report.out / "report.md").read_text().count("## ") == len(report.sections)
+    assert any(f.section == "conditions_rounds" for f in report.figures)
+
+
+def test_a_bad_grid_value_names_the_cell_and_key_before_anything_starts(
+        tmp_path: Path) -> None:
+    raw = raw_config(tmp_path, {"game.prompt": ["basic", "cott"], "game.ratio": ["1/2", "2/3"]})
+    with pytest.raises(ConfigError) as caught:
+        experiment_from_dict(raw, source="e.toml")
+    [line] = str(caught.value).splitlines()  # one problem, one line, for both cells that have it
+    assert line.startswith("e.toml: experiment cell prompt-cott__ratio-1_2 (and 1 more cell): "
+                           "game.prompt = 'cott'")
+    assert not (tmp_path / "results").exists()
+
+    path = tmp_path / "e.toml"
+    path.write_text(
+        f'[run]\noutput_dir = "{tmp_path / "results"}"\n[agents]\nbackend = "scripted"\n'
+        '[experiment]\ngrid = { "game.rounds" = [1, 2], "population.size" = [10, -1] }\n')
+    line = one_error_line(simpipe_cli("experiment", str(path)))
+    assert re.match(r"error: .*e\.toml: experiment cell rounds-1__size--1 \(and 1 more cell\): "
+                    r"population\.size = -1", line)
+    assert not (tmp_path / "results").exists()
+    line = one_error_line(simpipe_cli("run", str(path)))
+    assert "has an [experiment] table" in line and "simpipe experiment" in line
+    for grid, problem in (({"run.name": ["a", "b"]}, "not a grid key"),
+                          ({"cluster.workers": [1, 2]}, "not a grid key"),
+                          ({"game.rounds": []}, "no values"),
+                          ({"game.rounds": [1, 1]}, "listed twice"),
+                          ({"game": [{"ratio": "2/3"}], "game.ratio": ["1/2"]}, "overlap")):
+        with pytest.raises(ConfigError, match=f"experiment.grid: .*{problem}"):
+            experiment_from_dict(raw_config(tmp_path, grid))
+
+
+def test_cell_names_are_stable_safe_and_distinct() -> None:
+    grid = {"game.ratio": ["2/3", "51/100"], "game": [{"ratio": "1/2", "offset": 5}, {}],
+            "agents.temperature": [0.7], "population.persona.temperature": [0.7],
+            "population.persona.template": ["You are {age}.", "You are {age}!", "x" * 300]}
+    named = cell_names(grid)
+    names = [name for name, _ in named]
+    assert len(set(names)) == len(names) == 2 * 2 * 3
+    assert all(DIR_NAME.fullmatch(name) for name in names)
+    assert names == [name for name, _ in cell_names(json.loads(json.dumps(grid)))]
+    assert names[0].startswith("ratio-2_3__ratio-1_2-offset-5__agents.temperature-0.7__"
+                               "population.persona.temperature-0.7__template-You_are_age")
+    # "{age}." and "{age}!" clean to the same text: a hash tells them apart
+    assert names[0] != names[1] and names[1].split("__")[:-1] == names[0].split("__")[:-1]
+    assert "game-base" in names[3] and len(max(names, key=len)) <= 128
