@@ -16,8 +16,6 @@ dataframe optimizer may fuse small Parquet files into one partition, and the out
 
 from __future__ import annotations
 
-import os
-import socket
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -51,6 +49,7 @@ from simpipe.run.round_task import ROW_COLUMNS, PartitionJob, PartitionOutcome, 
 from simpipe.store.integrity import read_summary, round_problems
 from simpipe.store.layout import RunPaths
 from simpipe.store.ledger import Ledger, RunDirError, open_run_dir
+from simpipe.store.owner import this_process
 from simpipe.store.record import read_ledger
 
 
@@ -144,9 +143,10 @@ def _run(executor: Executor, config: Config, resume: bool, force: bool, console:
         if dask_client.dashboard_link:
             console.line(f"Dask dashboard: {dask_client.dashboard_link}")
         console.line(f"Watch it in the browser: simpipe ui --results {config.run.output_dir}")
-        # pid and host let a watcher (simpipe ui) tell a live run from a dead one.
+        # The owner lets a watcher (simpipe ui) tell a live run from a dead one, and keeps a
+        # second process out of this folder (simpipe.store.owner).
         ledger.set_state("running", scheduler=dask_client.scheduler.address,
-                         pid=os.getpid(), host=socket.gethostname())
+                         **this_process())
         result = _run_rounds(dask_client, config, paths, ledger, console, observer)
         report_estimate(config, ledger, console)  # emulated servers only: the real run
     except RunCancelled:
