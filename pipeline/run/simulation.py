@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from distributed import Client, as_completed
+from distributed import Client, Future, as_completed
 
 from simpipe.agents.registry import (
     backend_supports_distributions,
@@ -220,7 +220,7 @@ def _run_rounds(client: Client, config: Config, paths: RunPaths, ledger: Ledger,
 def _play_round(client: Client, config: Config, paths: RunPaths, ledger: Ledger,
                 console: Console, r: int, groups: np.ndarray, bounds: list[tuple[int, int]],
                 feedback: np.ndarray, token: str) -> list[PartitionOutcome]:
-    [feedback_future] = client.scatter([feedback], broadcast=True, hash=False)
+    feedback_future = _on_workers(client, feedback)
     futures = [
         client.submit(
             play_partition,
@@ -257,6 +257,30 @@ def _play_round(client: Client, config: Config, paths: RunPaths, ledger: Ledger,
     finally:
         bar.close()
     return sorted(outcomes, key=lambda o: o.partition)
+
+
+def _nothing() -> None:
+    """A task of nothing: an adaptive cluster starts a worker for it."""
+
+
+def _on_workers(client: Client, value: object, attempts: int = 5) -> Future:
+    """``value`` scattered to every worker, once for all the round's tasks. Dask's scatter
+    needs a worker (else ``TimeoutError: No valid workers found``), and an adaptive cluster
+    at ``minimum = 0`` starts one only for a task: with none, a task of nothing asks for
+    one first. Adapt may also retire every worker between the two; then it asks again."""
+    for _ in range(attempts - 1):
+        try:
+            return _scatter(client, value)
+        except TimeoutError:
+            continue
+    return _scatter(client, value)
+
+
+def _scatter(client: Client, value: object) -> Future:
+    if not client.nthreads():
+        client.submit(_nothing, pure=False).result()
+    [future] = client.scatter([value], broadcast=True, hash=False)
+    return future
 
 
 def answers_plan(config: Config) -> str:
