@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow.parquet as pq
 from distributed import Client, Future, as_completed
 
 from simpipe.agents.registry import (
@@ -46,6 +47,7 @@ from simpipe.run.executor import Executor, OwnClientExecutor, executor_for
 from simpipe.run.population import ensure_population
 from simpipe.run.quiet_teardown import QuietTeardown
 from simpipe.run.round_task import ROW_COLUMNS, PartitionJob, PartitionOutcome, play_partition
+from simpipe.run.sigterm import sigterm_as_interrupt
 from simpipe.store.integrity import read_summary, round_problems
 from simpipe.store.layout import RunPaths
 from simpipe.store.ledger import Ledger, RunDirError, open_run_dir
@@ -118,11 +120,13 @@ def run_simulation(config: Config, *, executor: Executor | None = None, resume: 
         executor = (OwnClientExecutor(config, client, say=console.line) if client is not None
                     else executor_for(config, emulate=emulate, cluster_name=cluster_name,
                                       say=console.line))
-    if executor.entered:
-        return _run(executor, config, resume, force, console, observer)
-    # After a Ctrl-C the executor's teardown stays off the terminal (QuietTeardown).
-    with QuietTeardown() as quiet, executor, quiet.after_interrupt():
-        return _run(executor, config, resume, force, console, observer)
+    # SIGTERM (scancel, timeout) takes Ctrl-C's path: a KeyboardInterrupt (run.sigterm).
+    with sigterm_as_interrupt():
+        if executor.entered:
+            return _run(executor, config, resume, force, console, observer)
+        # After a Ctrl-C the executor's teardown stays off the terminal (QuietTeardown).
+        with QuietTeardown() as quiet, executor, quiet.after_interrupt():
+            return _run(executor, config, resume, force, console, observer)
 
 
 def _run(executor: Executor, config: Config, resume: bool, force: bool, console: Console,
@@ -281,6 +285,35 @@ def _scatter(client: Client, value: object) -> Future:
         client.submit(_nothing, pure=False).result()
     [future] = client.scatter([value], broadcast=True, hash=False)
     return future
+
+
+def answers_failed(result: RunResult) -> str | None:
+    """One line when every answer of a played run is an error (``status = "error"``: no
+    server answered, every request was refused), naming where the reasons are and the
+    first of them; None when any agent answered. ``simpipe run`` then exits with status
+    ``EXIT_ANSWERS_FAILED``: such a run measured nothing."""
+    summary = result.summary
+    if not len(summary) or not {"n", "n_error"} <= set(summary.columns):
+        return None
+    n, errors = int(summary["n"].sum()), int(summary["n_error"].sum())
+    if not n or errors < n:
+        return None
+    rounds = RunPaths(result.run_dir).rounds
+    return (f"every answer failed: {errors:,} of {n:,} agent answers in "
+            f"{summary['round'].nunique()} round(s) have status \"error\"; the reasons are "
+            f"in the error column of {rounds} (simpipe.read_rounds), the first: "
+            f"{_first_error(result.run_dir, int(summary['round'].min()))}")
+
+
+def _first_error(run_dir: Path, round_index: int) -> str:
+    """The error of the first agent of a round's first part file (cut to 200 characters)."""
+    try:
+        column = pq.read_table(RunPaths(run_dir).round_part(round_index, 0),
+                               columns=["error"]).column(0)
+    except (OSError, ValueError, KeyError) as exc:  # the file is gone or damaged since
+        return f"(not readable: {exc})"
+    first = next((text for text in column.to_pylist() if text), "")
+    return " ".join(first.split())[:200] or "(none recorded)"
 
 
 def answers_plan(config: Config) -> str:
