@@ -99,7 +99,20 @@ def toml_time_as_text(value: Any) -> Any:
     return value.isoformat() if isinstance(value, datetime.time) else value
 
 
+def slurm_name(text: str) -> str:
+    """A partition or account name as it goes into an ``#SBATCH`` line: not empty, no
+    white space (``""`` wrote ``#SBATCH -p`` with no value; a newline would add lines of
+    its own to the job script)."""
+    if not _SLURM_NAME.match(text):
+        raise ValueError(f"{text[:60]!r} is not a SLURM name: letters, digits and "
+                         "\"_.-+,\" only (leave the key out for the default)")
+    return text
+
+
+_SLURM_NAME = re.compile(r"^[A-Za-z0-9_.+,-]+\Z")
+
 # Config field types: the value as written, checked when the config is read.
+SlurmName = Annotated[str, AfterValidator(slurm_name)]
 MemoryAmount = Annotated[str, AfterValidator(memory_amount)]
 Walltime = Annotated[str, BeforeValidator(toml_time_as_text), AfterValidator(walltime_text)]
 # "" means: the default the field's comment names.
@@ -324,15 +337,19 @@ class SlurmClusterConfig(_WithDashboard):
     server_jobs: ClassVar[bool] = True
 
     kind: Literal["slurm"] = "slurm"
-    queue: str | None = Field(None, description="the SLURM partition (`--partition`)")
-    account: str | None = Field(None, description="the SLURM account (`--account`)")
+    queue: SlurmName | None = Field(None, description=(
+        "the SLURM partition (`--partition`; several: `\"gpu,debug\"`); not set: the "
+        "site's default"))
+    account: SlurmName | None = Field(None, description=(
+        "the SLURM account (`--account`); not set: the user's default"))
     walltime: Walltime = Field("01:00:00", description=(
         "per worker job (`HH:MM:SS`, `D-HH:MM:SS`)"))
     cores: StrictInt = Field(1, ge=1, description="per job, shared by its `processes`")
     memory: MemoryAmount = Field("2GB", description="per job, shared by its `processes`")
     processes: StrictInt = Field(1, ge=1, description="worker processes per job")
-    jobs: StrictInt | None = Field(None, ge=0, description=(
-        "a fixed number of worker jobs; not set: 1, or none while `adapt` is set"))
+    jobs: StrictInt | None = Field(None, ge=1, description=(
+        "a fixed number of worker jobs (0 would run nothing: use `adapt` for jobs that "
+        "come and go); not set: 1, or none while `adapt` is set"))
     adapt: AdaptConfig | None = Field(None, description=(
         "`{ minimum = 0, maximum = 8 }` worker jobs, following the task load (instead of "
         "`jobs`)"))

@@ -4,7 +4,10 @@ the SLURMCluster's arguments and dashboard, starting its workers."""
 
 from __future__ import annotations
 
+import functools
+import logging
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -14,8 +17,13 @@ from distributed import Client
 from simpipe.cluster import dashboard_off
 from simpipe.cluster.config import SlurmClusterConfig
 from simpipe.cluster.ctrl_c import import_slurm_cluster
-from simpipe.cluster.slurm import SlurmError, require_controller
+from simpipe.cluster.slurm import SlurmError, dry_submit, require_controller, sbatch_words
 from simpipe.errors import SimpipeError
+
+logger = logging.getLogger(__name__)
+#: The keys whose values reach the worker job's #SBATCH lines: what a refusal points at.
+JOB_KEYS = ("cluster.queue, cluster.account, cluster.cores, cluster.memory, cluster.walltime "
+            "and cluster.job_extra_directives")
 
 
 class SimpipeClient(Client):
@@ -90,7 +98,8 @@ def slurm_cluster(config: SlurmClusterConfig,
     except SlurmError as exc:
         raise ClusterError(str(exc)) from None
     try:
-        cluster = SLURMCluster(**slurm_cluster_kwargs(config, job_name))
+        cluster = SLURMCluster(job_cls=reporting_job_class(),
+                               **slurm_cluster_kwargs(config, job_name))
     except (OSError, ValueError) as exc:
         raise ClusterError(f"cannot start the Dask scheduler for SLURM workers ({exc}); check "
                            "cluster.interface and cluster.scheduler_options") from exc
@@ -98,7 +107,77 @@ def slurm_cluster(config: SlurmClusterConfig,
         yield cluster
 
 
+@functools.cache
+def reporting_job_class() -> type:
+    """dask-jobqueue's ``SLURMJob``, keeping sbatch's refusal as ``submit_error``.
+
+    Why: dask-jobqueue raises a refused ``sbatch`` inside its event loop, where nobody
+    waits for it (a logged traceback), and leaves the job ``created``: the run then waited
+    ``start_timeout_s`` for a worker that could never come and the cluster's close failed
+    with ``AssertionError: Status.created``. Here the job is marked failed (which closes
+    cleanly), the refusal is one warning line, and ``start_workers`` reports it at once."""
+    import_slurm_cluster()  # dask_jobqueue, without its side effect on Ctrl-C
+    from dask_jobqueue.slurm import SLURMJob
+    from distributed.core import Status
+
+    class ReportingSLURMJob(SLURMJob):
+        submit_error: str | None = None
+
+        def __await__(self) -> Any:
+            async def started() -> ReportingSLURMJob:
+                async with self.lock:
+                    if self.status == Status.created:
+                        await self.start()
+                return self
+
+            return started().__await__()
+
+        async def start(self) -> None:
+            try:
+                await super().start()
+            except (RuntimeError, ValueError, OSError) as exc:  # sbatch failed or said nothing
+                words = sbatch_words(str(exc).split("stderr:", 1)[-1])
+                self.status = Status.failed
+                # Said before it is seen: start_workers's filter is still on.
+                logger.warning("sbatch refused a worker job: %s", words)
+                self.submit_error = words
+
+    return ReportingSLURMJob
+
+
+def refused_jobs(cluster: Any) -> list[str]:
+    """sbatch's words for each worker job of ``cluster`` it refused."""
+    return [job.submit_error for job in list(cluster.workers.values())
+            if getattr(job, "submit_error", None)]
+
+
 def start_workers(cluster: Any, client: Client, config: SlurmClusterConfig) -> None:
+    """Ask SLURM for the worker jobs (``jobs``, or ``adapt``'s minimum) and wait for them.
+    A job sbatch refuses ends the wait at once with sbatch's own words: first the job script
+    is checked with ``sbatch --test-only`` (nothing queued), which also covers the jobs an
+    adaptive cluster submits later."""
+    problem = dry_submit(cluster.job_script())
+    if problem:
+        raise ClusterError(f"sbatch refuses the worker job: {problem}; check {JOB_KEYS}")
+    with _said_by_the_error():
+        _start_and_wait(cluster, client, config)
+
+
+@contextmanager
+def _said_by_the_error() -> Iterator[None]:
+    """The refusal warnings of the jobs ``start_workers`` submits stay quiet: its error
+    says the same, once."""
+    def keep(record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("sbatch refused")
+
+    logger.addFilter(keep)
+    try:
+        yield
+    finally:
+        logger.removeFilter(keep)
+
+
+def _start_and_wait(cluster: Any, client: Client, config: SlurmClusterConfig) -> None:
     if config.adapt is not None:
         cluster.adapt(minimum_jobs=config.adapt.minimum, maximum_jobs=config.adapt.maximum)
         wanted = config.adapt.minimum * config.processes
@@ -107,12 +186,22 @@ def start_workers(cluster: Any, client: Client, config: SlurmClusterConfig) -> N
         wanted = config.n_jobs * config.processes
     if not wanted:
         return  # adaptive from zero: the first tasks ask for jobs
-    try:
-        client.wait_for_workers(wanted, timeout=config.start_timeout_s)
-    except TimeoutError:
-        logs = config.log_directory or "the job output files (cluster.log_directory)"
-        raise ClusterError(
-            f"{wanted} SLURM worker(s) did not connect within cluster.start_timeout_s = "
-            f"{config.start_timeout_s:g} s; see `squeue` (queued? pending reason) and {logs} "
-            "(wrong cluster.python, or cluster.interface?)"
-        ) from None
+    deadline = time.monotonic() + config.start_timeout_s
+    while True:
+        refused = refused_jobs(cluster)
+        if refused:
+            raise ClusterError(f"sbatch refused a worker job: {refused[0]}; check {JOB_KEYS}, "
+                               "and the site's limits (`sacctmgr show qos`)")
+        left = deadline - time.monotonic()
+        try:
+            client.wait_for_workers(wanted, timeout=max(0.1, min(1.0, left)))
+            return
+        except TimeoutError:
+            if left <= 1.0:
+                break
+    logs = config.log_directory or "the job output files (cluster.log_directory)"
+    raise ClusterError(
+        f"{wanted} SLURM worker(s) did not connect within cluster.start_timeout_s = "
+        f"{config.start_timeout_s:g} s; see `squeue` (queued? pending reason) and {logs} "
+        "(wrong cluster.python, or cluster.interface?)"
+    )

@@ -73,6 +73,30 @@ def submit(script: str) -> str:
     return out.strip().split(";")[0]
 
 
+def sbatch_words(output: str) -> str:
+    """sbatch's reason on one line: its ``error:`` lines (else its last line), without the
+    ``sbatch: error:`` prefixes."""
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    errors = [line.split("error:", 1)[1].strip() for line in lines if "error:" in line]
+    return "; ".join(errors or lines[-1:]) or "no reason given"
+
+
+def dry_submit(script: str, timeout: float = 30.0) -> str | None:
+    """Why sbatch would refuse ``script`` (``sbatch --test-only``: the partition, account,
+    resources and time limit are checked, nothing is queued), in sbatch's own words; None
+    when it would take it."""
+    if shutil.which("sbatch") is None:
+        return "sbatch not found (SLURM client commands are not installed)"
+    try:
+        proc = subprocess.run(["sbatch", "--test-only"], input=script, capture_output=True,
+                              text=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        return f"sbatch --test-only did not answer within {timeout:g} s"
+    if proc.returncode != 0:
+        return sbatch_words(proc.stderr or proc.stdout)
+    return None
+
+
 def cancel(job_ids: list[str] | tuple[str, ...]) -> None:
     job_ids = list(dict.fromkeys(job_ids))  # one emulator job serves several endpoints
     if job_ids:

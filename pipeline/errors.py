@@ -20,7 +20,9 @@ IMPORTABLE_EVERYWHERE = __name__
 
 EXIT_USAGE = 2  # a config, a file or an option the user can fix; click uses 2 for its own
 EXIT_CANCELLED = 3  # a run stopped by its CANCEL file: resumable
+EXIT_ANSWERS_FAILED = 4  # a run played to the end whose every answer is an error
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for Ctrl-C
+EXIT_TERMINATED = 143  # 128 + SIGTERM (scancel, timeout, kill): what a shell reports
 
 
 class SimpipeError(Exception):
@@ -42,3 +44,17 @@ class RunInterrupted(SimpipeError):
 
     def cli_lines(self) -> list[str]:
         return str(self).splitlines()
+
+
+class RunTerminated(RunInterrupted):
+    """SIGTERM stopped a run (scancel, a time limit, ``timeout``); marked interrupted and
+    resumable, as after Ctrl-C."""
+
+    exit_code = EXIT_TERMINATED
+
+
+class AnswersFailed(SimpipeError):
+    """A run played to its end, but every agent's answer is an error (no server answered,
+    every request refused): its results hold nothing but the reasons."""
+
+    exit_code = EXIT_ANSWERS_FAILED

@@ -17,7 +17,7 @@ from typing import Any
 import click
 
 from simpipe.cli.common import SimpipeGroup, load, set_option
-from simpipe.errors import RunInterrupted, SimpipeError
+from simpipe.errors import AnswersFailed, RunInterrupted, RunTerminated, SimpipeError
 
 
 @click.group(cls=SimpipeGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -39,7 +39,8 @@ def main() -> None:
 def run(config_path: str, resume: bool, force: bool, cluster_name: str | None, emulate: bool,
         overrides: tuple[str, ...]) -> None:
     """Run the simulation described by CONFIG."""
-    from simpipe.run.simulation import run_simulation  # keep startup light
+    from simpipe.run.sigterm import Terminated  # keep startup light
+    from simpipe.run.simulation import answers_failed, run_simulation
 
     if resume and force:
         raise SimpipeError("--resume and --force contradict each other: pick one")
@@ -51,14 +52,19 @@ def run(config_path: str, resume: bool, force: bool, cluster_name: str | None, e
     try:
         result = run_simulation(config, resume=resume, force=force, emulate=emulate,
                                 cluster_name=cluster_name)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as stop:
         # The runner has marked the run interrupted; finished partitions are on disk.
         again = " ".join(["simpipe run", shlex.quote(config_path),
                           *(f"--set {shlex.quote(item)}" for item in overrides),
                           *([f"--cluster {shlex.quote(cluster_name)}"] if cluster_name else []),
                           *(["--emulate"] if emulate else []), "--resume"])
+        if isinstance(stop, Terminated):
+            raise RunTerminated(f"terminated (SIGTERM); resume with: {again}") from None
         raise RunInterrupted(f"interrupted; resume with: {again}") from None
     click.echo(f"results: {result.run_dir}  ({result.wall_s:.1f} s)")
+    failed = answers_failed(result)
+    if failed:
+        raise AnswersFailed(failed)
 
 
 @main.command()

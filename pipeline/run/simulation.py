@@ -16,8 +16,6 @@ dataframe optimizer may fuse small Parquet files into one partition, and the out
 
 from __future__ import annotations
 
-import os
-import socket
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -25,7 +23,8 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from distributed import Client, as_completed
+import pyarrow.parquet as pq
+from distributed import Client, Future, as_completed
 
 from simpipe.agents.registry import (
     backend_supports_distributions,
@@ -48,9 +47,11 @@ from simpipe.run.executor import Executor, OwnClientExecutor, executor_for
 from simpipe.run.population import ensure_population
 from simpipe.run.quiet_teardown import QuietTeardown
 from simpipe.run.round_task import ROW_COLUMNS, PartitionJob, PartitionOutcome, play_partition
+from simpipe.run.sigterm import sigterm_as_interrupt
 from simpipe.store.integrity import read_summary, round_problems
 from simpipe.store.layout import RunPaths
 from simpipe.store.ledger import Ledger, RunDirError, open_run_dir
+from simpipe.store.owner import this_process
 from simpipe.store.record import read_ledger
 
 
@@ -119,11 +120,13 @@ def run_simulation(config: Config, *, executor: Executor | None = None, resume: 
         executor = (OwnClientExecutor(config, client, say=console.line) if client is not None
                     else executor_for(config, emulate=emulate, cluster_name=cluster_name,
                                       say=console.line))
-    if executor.entered:
-        return _run(executor, config, resume, force, console, observer)
-    # After a Ctrl-C the executor's teardown stays off the terminal (QuietTeardown).
-    with QuietTeardown() as quiet, executor, quiet.after_interrupt():
-        return _run(executor, config, resume, force, console, observer)
+    # SIGTERM (scancel, timeout) takes Ctrl-C's path: a KeyboardInterrupt (run.sigterm).
+    with sigterm_as_interrupt():
+        if executor.entered:
+            return _run(executor, config, resume, force, console, observer)
+        # After a Ctrl-C the executor's teardown stays off the terminal (QuietTeardown).
+        with QuietTeardown() as quiet, executor, quiet.after_interrupt():
+            return _run(executor, config, resume, force, console, observer)
 
 
 def _run(executor: Executor, config: Config, resume: bool, force: bool, console: Console,
@@ -144,9 +147,10 @@ def _run(executor: Executor, config: Config, resume: bool, force: bool, console:
         if dask_client.dashboard_link:
             console.line(f"Dask dashboard: {dask_client.dashboard_link}")
         console.line(f"Watch it in the browser: simpipe ui --results {config.run.output_dir}")
-        # pid and host let a watcher (simpipe ui) tell a live run from a dead one.
+        # The owner lets a watcher (simpipe ui) tell a live run from a dead one, and keeps a
+        # second process out of this folder (simpipe.store.owner).
         ledger.set_state("running", scheduler=dask_client.scheduler.address,
-                         pid=os.getpid(), host=socket.gethostname())
+                         **this_process())
         result = _run_rounds(dask_client, config, paths, ledger, console, observer)
         report_estimate(config, ledger, console)  # emulated servers only: the real run
     except RunCancelled:
@@ -220,7 +224,7 @@ def _run_rounds(client: Client, config: Config, paths: RunPaths, ledger: Ledger,
 def _play_round(client: Client, config: Config, paths: RunPaths, ledger: Ledger,
                 console: Console, r: int, groups: np.ndarray, bounds: list[tuple[int, int]],
                 feedback: np.ndarray, token: str) -> list[PartitionOutcome]:
-    [feedback_future] = client.scatter([feedback], broadcast=True, hash=False)
+    feedback_future = _on_workers(client, feedback)
     futures = [
         client.submit(
             play_partition,
@@ -257,6 +261,59 @@ def _play_round(client: Client, config: Config, paths: RunPaths, ledger: Ledger,
     finally:
         bar.close()
     return sorted(outcomes, key=lambda o: o.partition)
+
+
+def _nothing() -> None:
+    """A task of nothing: an adaptive cluster starts a worker for it."""
+
+
+def _on_workers(client: Client, value: object, attempts: int = 5) -> Future:
+    """``value`` scattered to every worker, once for all the round's tasks. Dask's scatter
+    needs a worker (else ``TimeoutError: No valid workers found``), and an adaptive cluster
+    at ``minimum = 0`` starts one only for a task: with none, a task of nothing asks for
+    one first. Adapt may also retire every worker between the two; then it asks again."""
+    for _ in range(attempts - 1):
+        try:
+            return _scatter(client, value)
+        except TimeoutError:
+            continue
+    return _scatter(client, value)
+
+
+def _scatter(client: Client, value: object) -> Future:
+    if not client.nthreads():
+        client.submit(_nothing, pure=False).result()
+    [future] = client.scatter([value], broadcast=True, hash=False)
+    return future
+
+
+def answers_failed(result: RunResult) -> str | None:
+    """One line when every answer of a played run is an error (``status = "error"``: no
+    server answered, every request was refused), naming where the reasons are and the
+    first of them; None when any agent answered. ``simpipe run`` then exits with status
+    ``EXIT_ANSWERS_FAILED``: such a run measured nothing."""
+    summary = result.summary
+    if not len(summary) or not {"n", "n_error"} <= set(summary.columns):
+        return None
+    n, errors = int(summary["n"].sum()), int(summary["n_error"].sum())
+    if not n or errors < n:
+        return None
+    rounds = RunPaths(result.run_dir).rounds
+    return (f"every answer failed: {errors:,} of {n:,} agent answers in "
+            f"{summary['round'].nunique()} round(s) have status \"error\"; the reasons are "
+            f"in the error column of {rounds} (simpipe.read_rounds), the first: "
+            f"{_first_error(result.run_dir, int(summary['round'].min()))}")
+
+
+def _first_error(run_dir: Path, round_index: int) -> str:
+    """The error of the first agent of a round's first part file (cut to 200 characters)."""
+    try:
+        column = pq.read_table(RunPaths(run_dir).round_part(round_index, 0),
+                               columns=["error"]).column(0)
+    except (OSError, ValueError, KeyError) as exc:  # the file is gone or damaged since
+        return f"(not readable: {exc})"
+    first = next((text for text in column.to_pylist() if text), "")
+    return " ".join(first.split())[:200] or "(none recorded)"
 
 
 def answers_plan(config: Config) -> str:

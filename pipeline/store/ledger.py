@@ -20,6 +20,7 @@ from simpipe.errors import SimpipeError
 from simpipe.files import write_json_atomic
 from simpipe.records import CorruptFile, StrictRecord, read_json_record
 from simpipe.store.layout import RunPaths, is_run_entry
+from simpipe.store.owner import owner_problem, this_process
 from simpipe.store.record import MAX_LEDGER_BYTES, Progress, RoundRecord, RunRecord, read_ledger
 
 
@@ -66,6 +67,7 @@ class Ledger:
             "rounds_total": config.game.rounds,
             "n_agents": config.population.size,
             "n_partitions": config.population.n_partitions,
+            **this_process(),  # a second process is refused from the start (store.owner)
         })
         ledger = cls(paths, record.at(paths.ledger))
         ledger.save()
@@ -132,6 +134,7 @@ def open_run_dir(paths: RunPaths, config: Config, *, resume: bool, force: bool) 
                           "set run.output_dir to a folder")
     if root.exists() and not root.is_dir():
         raise RunDirError(f"{root} is a file, not a run folder; choose another run.name")
+    _refuse_live_owner(paths, resume=resume, force=force)
     fresh = not root.exists() or _not_started(root)
     if force and (root.is_symlink() or not fresh):
         _remove_run(root)
@@ -166,6 +169,18 @@ def open_run_dir(paths: RunPaths, config: Config, *, resume: bool, force: bool) 
             f"{config.game.rounds} rounds); pass --resume to continue it or --force to start over"
         )
     return Ledger(paths, record)
+
+
+def _refuse_live_owner(paths: RunPaths, *, resume: bool, force: bool) -> None:
+    """RunDirError naming the owner when another live process plays this run: before
+    anything in the folder is read as ours, changed or deleted."""
+    try:
+        record = read_ledger(paths.ledger)
+    except CorruptFile:
+        return  # nothing readable names an owner; the checks below say what to do
+    problem = owner_problem(record, paths.root, resume=resume, force=force)
+    if problem:
+        raise RunDirError(problem)
 
 
 def _not_started(root: Path) -> bool:

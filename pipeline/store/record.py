@@ -163,6 +163,9 @@ class RunRecord(_Record):
     endpoints: dict[str, dict[str, Count]] = {}
     pid: ProcessId | None = None
     host: str | None = None
+    # The owner's start time (/proc/<pid>/stat, clock ticks after boot): a pid reused by a
+    # later process is not the run's (simpipe.store.owner).
+    pid_start_time: NonNegative | None = None
     scheduler: str | None = None
     error: str | None = None
     estimate: dict[str, Any] | None = None
