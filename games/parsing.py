@@ -164,9 +164,16 @@ def _tolerant(text: str, cot: bool, marker: str) -> _Hit:
 _NUMBER_GOES_ON = frozenset("0123456789.,/ ")
 
 
-def _may_be_cut_short(text: str, end: int) -> bool:
+def _may_be_cut_short(text: str, end: int, value: float, low: float, high: float) -> bool:
+    """Could the cut have taken more of this number? Only if the text ends at it (or at one
+    more character of a number) and a longer number would still be in range: another digit
+    multiplies it by ten, a fraction moves it towards ``high``. An answer of exactly the
+    bound (``100`` in 0..100) that used the whole token budget is whole."""
     rest = text[end:]
-    return not rest or (len(rest) == 1 and rest in _NUMBER_GOES_ON)
+    if rest and not (len(rest) == 1 and rest in _NUMBER_GOES_ON):
+        return False
+    bound = max(abs(low), abs(high))
+    return abs(value) * 10 <= bound or low <= value < high
 
 
 def _read(text: str, low: float, high: float, cot: bool, marker: str, cut: bool) -> ParsedAnswer:
@@ -181,7 +188,7 @@ def _read(text: str, low: float, high: float, cot: bool, marker: str, cut: bool)
     if hit is None:
         return ParsedAnswer(None, "truncated", None) if cut else _UNPARSED
     value, end = hit
-    if cut and _may_be_cut_short(text, end):
+    if cut and _may_be_cut_short(text, end, value, low, high):
         return ParsedAnswer(None, "truncated", value)
     if low <= value <= high:
         return ParsedAnswer(value, "ok", value)

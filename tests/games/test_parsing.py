@@ -112,6 +112,12 @@ CUT_TABLE = [
     # Basic: a number followed by rambling was whole; a number at the very end may not be.
     ("33\n\nRound 4 of 3.\nMy num", False, OK, 33.0),
     (" 10", False, CUT, 10.0),
+    # ... unless no longer number fits the range: " 100" (4 tokens for Gemma, digit by
+    # digit) at max_tokens = 4 is a whole answer in 0..100, and so is the marked 100.
+    (" 100", False, OK, 100.0),
+    (f"Others pick 30. {ANSWER_MARKER} 100", True, OK, 100.0),
+    # 0 may still become 0.5: cut.
+    (" 0", False, CUT, 0.0),
     ("", False, CUT, None),
     ("I think", False, CUT, None),
 ]
