@@ -12,8 +12,7 @@ from pathlib import Path
 import click
 
 from simpipe.errors import SimpipeError
-
-SPEC_FILE = "_population.json"
+from simpipe.store.layout import SPEC_FILE
 
 
 def _population_dir(path: Path) -> Path | None:

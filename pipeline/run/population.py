@@ -36,9 +36,8 @@ from simpipe.records import CorruptFile, StrictRecord, read_json_model
 from simpipe.run.console import Console
 from simpipe.run.persona_build import BackendFactory, PersonaStats, add_personas
 from simpipe.store.integrity import check_part
-from simpipe.store.layout import RunPaths, part_name, population_cache
+from simpipe.store.layout import SPEC_FILE, RunPaths, part_name, population_cache
 
-SPEC_FILE = "_population.json"  # leading "_": Parquet readers skip it
 MAX_SPEC_BYTES = 16 * 2**20  # the [population] section and persona counts: kilobytes
 
 

@@ -54,6 +54,9 @@ class RunPaths:
 
 # Everything simpipe writes at the top of a run folder, and nothing else: what `--force` may
 # delete. Hidden ``.<name>.<id>.tmp`` files are atomic writes a killed run left behind.
+#: A population build's spec, beside its parts (leading "_": Parquet readers skip it).
+SPEC_FILE = "_population.json"
+
 RUN_DIRS = frozenset({"population", "rounds", "report", "logs"})
 RUN_FILES = frozenset({"summary.parquet", "run.json", "run.log", "CANCEL"})
 
