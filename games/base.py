@@ -56,6 +56,11 @@ class Turn:
     # (agents, rounds so far): each agent's own earlier answers, NaN where invalid; None
     # when the policy does not ask for them (reading them costs a file per round)
     past_answers: np.ndarray | None = None
+    # Answer distributions computed once for the whole round, keyed by the prompt's key
+    # (``simpipe.agents.llm._prompt_key``): agents with such a prompt draw from it. Values
+    # are ``simpipe.inference.answer_distribution.AnswerDistribution`` (games do not import
+    # the inference layer).
+    planned: Mapping[str, Any] = field(default_factory=dict)
 
     def rng(self, stream: int) -> np.random.Generator:
         """A generator that depends only on (seed, stream, round, partition)."""

@@ -31,6 +31,10 @@ class DecisionStats:
     fallback_prompts: int = 0  # distinct prompts that could not be shared (unseen mass)
     unseen_mass_max: float = 0.0  # largest unseen mass of a shared distribution used
     problem: str | None = None  # why the first fallback prompt could not be shared
+    # Prompt tokens the model evaluated (a cached prefix is not evaluated again; a sampled
+    # call counts the prompt tokens it reports)
+    prompt_tokens: int = 0
+    probes: int = 0  # of model_calls, one-token probes of answer trees
 
 
 @dataclass

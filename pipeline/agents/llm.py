@@ -25,16 +25,20 @@ from simpipe.agents.base import (
 from simpipe.agents.seeds import GOLDEN, splitmix64
 from simpipe.agents.shared_answers import (
     SharedAnswers,
-    draw_uniforms,
+    full_tree_pays,
     prompt_hash,
     sharing_refusal,
     split_evenly,
+    step_uniforms,
 )
 from simpipe.aio import run_async
+from simpipe.games.answer_format import IntegerAnswers
 from simpipe.games.base import Game
 from simpipe.games.config import AnyGameConfig
 from simpipe.games.prompts import PromptBuilder
 from simpipe.games.registry import game_for
+from simpipe.inference.answer_distribution import LazyTree, ProbeError, TooMuchUnseen
+from simpipe.inference.answer_tree import TreeShape
 from simpipe.inference.base import AnswerColumns, Backend, GenerationRequest, OutputConstraint
 from simpipe.inference.llamacpp_sampler import ChainSettings
 from simpipe.inference.settings import SamplingSettings
@@ -171,7 +175,7 @@ class LLMAgents(AgentPolicy):
         out = _Answers(n)
         sharing = self.shared is not None and self.sharing_refusal(game) is None
         if sharing:
-            self._draw_shared(out, codes, list(uniques), seeds, game, stats)
+            self._draw_shared(out, codes, list(uniques), seeds, turn, stats)
         todo = np.nonzero(~out.shared)[0]
         if todo.size:
             # One request per distinct prompt; each agent's differs only by its seed.
@@ -179,10 +183,12 @@ class LLMAgents(AgentPolicy):
                                     self.sampling)
             # Beside shared answers (reproducible by construction) the remaining calls are
             # made reproducible too, so that a whole run is.
-            out.fill(todo, run_async(self.backend.generate_many(
+            answers = run_async(self.backend.generate_many(
                 distinct, codes[todo], seeds[todo],
-                reproducible=sharing or self.sampling.reproducible)))
+                reproducible=sharing or self.sampling.reproducible))
+            out.fill(todo, answers)
             stats.model_calls += int(todo.size)
+            stats.prompt_tokens += sum(answers.tokens_in)
         limit = self.sampling.cot_max_tokens if game.free_text_answer else self.sampling.max_tokens
         guesses, statuses = game_for(game).answer().parse_many(out.texts, out.cut(limit))
         statuses[out.failed] = "error"
@@ -195,20 +201,36 @@ class LLMAgents(AgentPolicy):
         return Decisions(frame, stats)
 
     def _draw_shared(self, out: _Answers, codes: np.ndarray, uniques: list[str],
-                     seeds: np.ndarray, game: AnyGameConfig, stats: DecisionStats) -> None:
+                     seeds: np.ndarray, turn: Turn, stats: DecisionStats) -> None:
+        """Each agent's answer walked through its prompt's answer tree with its own
+        uniforms: a tree planned for the round, the process's canonical full tree (a prompt
+        many agents share), or a tree probed lazily in this partition's chain."""
         s = self.sampling
         settings = ChainSettings(s.temperature, s.top_p, s.top_k, s.min_p)
-        answer = game_for(game).answer()
+        answer = game_for(turn.game).answer()
+        uniforms = step_uniforms(seeds, s.max_tokens)
+        chained = hasattr(self.backend, "logprob_chain")
         order = np.argsort(codes, kind="stable")
         bounds = np.concatenate([[0], np.cumsum(np.bincount(codes, minlength=len(uniques)))])
+        lazy: list[tuple[str, np.ndarray]] = []
         for k, prompt in enumerate(uniques):
             members = order[bounds[k]:bounds[k + 1]]
-            if members.size < s.share_min_agents:
+            planned = turn.planned.get(prompt)
+            if planned is not None:
+                self._take(out, members, planned.walk(uniforms[members]), planned.unseen_mass,
+                           stats)
+                continue
+            if chained and not full_tree_pays(members.size):
+                lazy.append((prompt, members))
+                continue
+            if not chained and members.size < s.share_min_agents:
                 continue  # cheaper as calls of their own
             found = self.shared.lookup(prompt, settings, s.max_tokens, answer.bounds,
                                        s.share_max_unseen)
             stats.model_calls += found.calls
+            stats.probes += found.calls
             if found.computed:
+                stats.prompt_tokens += found.tokens_in
                 out.tokens_in[members] += split_evenly(found.tokens_in, members.size)
                 out.tokens_out[members] += split_evenly(found.tokens_out, members.size)
             dist = found.distribution
@@ -216,10 +238,54 @@ class LLMAgents(AgentPolicy):
                 stats.fallback_prompts += 1
                 stats.problem = stats.problem or found.problem
                 continue
-            picks = dist.draw(draw_uniforms(seeds[members]))
-            out.texts[members] = np.asarray(dist.texts, dtype=object)[picks]
-            out.shared[members] = True
-            stats.unseen_mass_max = max(stats.unseen_mass_max, dist.unseen_mass)
+            self._take(out, members, dist.walk(uniforms[members]), dist.unseen_mass, stats)
+        if lazy:
+            shape = TreeShape(IntegerAnswers(*answer.bounds),
+                              self.backend.answer_vocab(IntegerAnswers(*answer.bounds).alphabet),
+                              s.max_tokens)
+            self._walk_chain(out, lazy, uniforms, shape, settings, stats)
+
+    def _walk_chain(self, out: _Answers, lazy: list[tuple[str, np.ndarray]],
+                    uniforms: np.ndarray, shape: TreeShape, settings: ChainSettings,
+                    stats: DecisionStats) -> None:
+        """The lazily walked prompts in sorted order, in one chain of probes on the lone
+        slot: each prompt is evaluated on top of the common prefix its predecessor left, so
+        it costs its distinct suffix, and the chain depends only on this partition."""
+        lazy.sort(key=lambda item: item[0])
+        with self.backend.logprob_chain() as probe_for:  # type: ignore[attr-defined]
+            for prompt, members in lazy:
+                tree = LazyTree(probe_for(prompt), shape, settings,
+                                self.sampling.share_max_unseen)
+                texts: list[str | None] | None = None
+                try:
+                    texts = list(tree.walk(uniforms[members]))
+                except TooMuchUnseen as exc:
+                    problem: str | None = str(exc)
+                except ProbeError as exc:
+                    problem = str(exc)
+                c = tree.cost
+                stats.model_calls += c.calls
+                stats.probes += c.calls
+                stats.prompt_tokens += c.tokens_in
+                out.tokens_in[members] += split_evenly(c.tokens_in, members.size)
+                out.tokens_out[members] += split_evenly(c.tokens_out, members.size)
+                if texts is None:
+                    # One sampled call each for this prompt's agents instead.
+                    stats.fallback_prompts += 1
+                    stats.problem = stats.problem or problem
+                    continue
+                self._take(out, members, texts, tree.unseen_mass, stats)
+
+    @staticmethod
+    def _take(out: _Answers, members: np.ndarray, texts: list[str | None], unseen: float,
+              stats: DecisionStats) -> None:
+        """Answers drawn for ``members``; a None (a walk into a prefix too unlikely to have
+        been probed) leaves that agent to a call of its own."""
+        got = np.fromiter((t is not None for t in texts), bool, len(texts))
+        idx = members[got]
+        out.texts[idx] = np.asarray([t for t in texts if t is not None], dtype=object)
+        out.shared[idx] = True
+        stats.unseen_mass_max = max(stats.unseen_mass_max, unseen)
 
     def counters(self) -> dict[str, dict]:
         return self.backend.counters()

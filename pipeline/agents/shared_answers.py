@@ -34,6 +34,7 @@ from simpipe.inference.base import Backend
 from simpipe.inference.llamacpp_sampler import ChainSettings
 
 _DRAW_STREAM = np.uint64(0xD1B54A32D192ED03)
+_STEP_STREAM = np.uint64(0x94D049BB133111EB)
 
 
 def sharing_refusal(share_answers: str, game: AnyGameConfig, backend_name: str,
@@ -54,10 +55,47 @@ def sharing_refusal(share_answers: str, game: AnyGameConfig, backend_name: str,
     return None
 
 
+# What deciding a prompt costs on the embedded engine, measured on 2 cores (Gemma 3 270M,
+# xllamacpp, threads = 2; docs/measurements.md): a fresh prompt evaluation ~200 ms; a one-token
+# probe on a cached prefix ~14 ms; a full answer tree ~22 probes; a lazy walk ~3 probes for
+# its first agent.
+FRESH_PROMPT_S = 0.200
+PROBE_S = 0.014
+FULL_TREE_PROBES = 22
+FIRST_WALK_PROBES = 3
+
+
+def full_tree_pays(agents_on_prompt: int) -> bool:
+    """Whether a prompt with this many agents in one partition is answered from the
+    process's canonical full tree instead of a lazy walk in the partition's chain.
+
+    A canonical tree costs a fresh evaluation plus every node (FRESH_PROMPT_S +
+    FULL_TREE_PROBES * PROBE_S, ~0.5 s) once per process, and is then free for every
+    partition the process plays; a lazy walk costs the prompt's distinct suffix plus the
+    nodes its agents visit, in each partition. Once a prompt's agents would visit about the
+    whole tree anyway (FIRST_WALK_PROBES each, up to FULL_TREE_PROBES), the walk saves
+    only the fresh evaluation, and a prompt that many agents share is one that recurs in
+    other partitions (round 1, prompts without a history): the full tree is then cheaper.
+    Depends on the partition's own agents only, so which way a prompt goes, and hence its
+    answers, does not depend on what ran before or beside.
+    """
+    return agents_on_prompt * FIRST_WALK_PROBES >= FULL_TREE_PROBES
+
+
 def draw_uniforms(seeds: np.ndarray) -> np.ndarray:
     """One uniform in [0, 1) per agent seed (splitmix64 of the seed, 53 bits)."""
     with np.errstate(over="ignore"):
         x = (seeds.astype(np.uint64) ^ _DRAW_STREAM) * GOLDEN
+    return (splitmix64(x) >> np.uint64(11)).astype(np.float64) * (1.0 / 2**53)
+
+
+def step_uniforms(seeds: np.ndarray, steps: int) -> np.ndarray:
+    """``steps`` uniforms in [0, 1) per agent seed (agents x steps), one per token of an
+    answer walked through its tree (``simpipe.inference.answer_tree``): splitmix64 of the
+    seed's stream and the step, 53 bits each."""
+    with np.errstate(over="ignore"):
+        base = (seeds.astype(np.uint64) ^ _DRAW_STREAM) * GOLDEN
+        x = base[:, None] + np.arange(1, steps + 1, dtype=np.uint64)[None, :] * _STEP_STREAM
     return (splitmix64(x) >> np.uint64(11)).astype(np.float64) * (1.0 / 2**53)
 
 

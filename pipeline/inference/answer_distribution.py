@@ -19,19 +19,26 @@ which are not expanded.
 Nodes are visited one at a time in a fixed order, so a deterministic probe (one sequence per
 model call; see ``LlamaCppBackend.next_token_logprobs``) gives a bit-identical result on
 every run.
+
+``LazyTree`` is the same tree probed only where agents' draws go (``answer_tree``): each
+node is asked once, when the first walk reaches it, so one agent costs ~3 probes and many
+agents converge on the full tree. Agents draw from a full ``AnswerDistribution`` with the
+same walk (``AnswerDistribution.walk``), so both give the same answer for the same node
+distributions and uniforms.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from simpipe.games.answer_format import IntegerAnswers
+from simpipe.inference.answer_tree import Path, TreeShape, draw_answers
 from simpipe.inference.gguf_vocab import AnswerVocab
-from simpipe.inference.llamacpp_sampler import ChainSettings, TopLogprobs, next_token
+from simpipe.inference.llamacpp_sampler import ChainSettings, NextToken, TopLogprobs, next_token
 
 #: probe(path, n) -> (the top-n raw log-probabilities after prompt + path, prompt tokens the
 #: model evaluated for it, tokens it generated)
@@ -45,7 +52,8 @@ MAX_PASSES = 4
 
 @dataclass(frozen=True)
 class AnswerDistribution:
-    """Answer texts (sorted) and their probabilities, with what computing them cost."""
+    """Answer texts (sorted) and their probabilities, with what computing them cost, and
+    the tree's node distributions that agents walk (``walk``)."""
 
     texts: tuple[str, ...]
     probs: np.ndarray
@@ -53,6 +61,17 @@ class AnswerDistribution:
     calls: int
     tokens_in: int
     tokens_out: int
+    shape: TreeShape | None = None
+    nodes: Mapping[Path, NextToken] = field(default_factory=dict)
+
+    def walk(self, uniforms: np.ndarray) -> list[str | None]:
+        """Each agent's answer for its row of per-step uniforms (``answer_tree``), the
+        same draw as a ``LazyTree`` of the same prompt; None for an agent whose walk
+        reaches a prefix too unlikely to have been probed (below ``PRUNE_BELOW``)."""
+        if self.shape is None:
+            raise ValueError("this distribution has no tree to walk")
+        return draw_answers(lambda path, text, reach: self.nodes.get(path), self.shape,
+                            uniforms)
 
     def draw(self, uniforms: np.ndarray) -> np.ndarray:
         """Index into ``texts`` for each uniform in [0, 1) (inverse of the CDF)."""
@@ -86,10 +105,10 @@ class _Walk:
     """One prompt's tree, probed through a memo so that a second pass re-asks only the
     prefixes it asks for with more tokens."""
 
-    def __init__(self, probe: Probe, language: IntegerAnswers, vocab: AnswerVocab,
-                 settings: ChainSettings, max_tokens: int, prune_below: float) -> None:
-        self.probe, self.language, self.vocab = probe, language, vocab
-        self.settings, self.max_tokens, self.prune_below = settings, max_tokens, prune_below
+    def __init__(self, probe: Probe, shape: TreeShape, settings: ChainSettings,
+                 prune_below: float) -> None:
+        self.probe, self.shape = probe, shape
+        self.settings, self.prune_below = settings, prune_below
         self.cost = Cost()
         self._memo: dict[tuple[tuple[int, ...], int], TopLogprobs] = {}
 
@@ -104,45 +123,45 @@ class _Walk:
             self._memo[key] = top
         return top
 
+    def node(self, path: Path, text: str, wide: bool) -> NextToken:
+        """The next-token distribution after ``path``: from its top ``DEFAULT_TOP_N``
+        tokens (``RETRY_TOP_N`` when ``wide``, or when fewer do not decide it)."""
+        valid = self.shape.valid(text)
+        top_n = RETRY_TOP_N if wide else DEFAULT_TOP_N
+        while True:
+            top = self._top(path, top_n)
+            seen = set(top.ids)
+            result = next_token(top, valid, sum(t not in seen for t in valid), self.settings)
+            if result is not None:
+                return result
+            if top_n >= RETRY_TOP_N:
+                raise TooMuchUnseen(f"prefix {text!r}: even the top {RETRY_TOP_N} tokens "
+                                    "do not decide the next token", self.cost)
+            top_n = RETRY_TOP_N
+
     def run(self, wide: frozenset[tuple[int, ...]]
-            ) -> tuple[dict[str, float], float, dict[tuple[int, ...], float]]:
-        """(answers, unseen mass, each probed prefix's share of the unseen mass); the
-        prefixes in ``wide`` are asked for ``RETRY_TOP_N`` tokens, the others fewer."""
+            ) -> tuple[dict[str, float], float, dict[tuple[int, ...], float],
+                       dict[Path, NextToken]]:
+        """(answers, unseen mass, each probed prefix's share of the unseen mass, each
+        probed prefix's next-token distribution); the prefixes in ``wide`` are asked for
+        ``RETRY_TOP_N`` tokens, the others fewer."""
         answers: dict[str, float] = defaultdict(float)
         unseen = 0.0
         shares: dict[tuple[int, ...], float] = {}
-        vocab = self.vocab
+        nodes: dict[Path, NextToken] = {}
+        vocab = self.shape.vocab
         # Breadth first, children in token-id order: a fixed visiting order.
         frontier: list[tuple[tuple[int, ...], str, float]] = [((), "", 1.0)]
         while frontier:
             next_frontier = []
             for path, text, reach in frontier:
-                if len(path) >= self.max_tokens:
-                    answers[text] += reach  # cut at the token limit, as a sampled call is
-                    continue
-                valid = {tid for tid, piece in vocab.pieces.items()
-                         if self.language.is_prefix(text + piece)}
-                if self.language.is_complete(text):
-                    valid |= vocab.eog_ids
-                if valid <= vocab.eog_ids:
-                    answers[text] += reach  # nothing can follow: the answer ends here
+                if self.shape.ends_at(path, text):
+                    answers[text] += reach  # cut at the token limit, or nothing can follow
                     continue
                 if reach < self.prune_below:
                     unseen += reach
                     continue
-                top_n = RETRY_TOP_N if path in wide else DEFAULT_TOP_N
-                top = self._top(path, top_n)
-                seen = set(top.ids)
-                result = next_token(top, valid, sum(t not in seen for t in valid),
-                                    self.settings)
-                if result is None and top_n < RETRY_TOP_N:
-                    top = self._top(path, RETRY_TOP_N)
-                    seen = set(top.ids)
-                    result = next_token(top, valid, sum(t not in seen for t in valid),
-                                        self.settings)
-                if result is None:
-                    raise TooMuchUnseen(f"prefix {text!r}: even the top {RETRY_TOP_N} tokens "
-                                        "do not decide the next token", self.cost)
+                result = nodes[path] = self.node(path, text, path in wide)
                 shares[path] = reach * result.error_bound
                 unseen += shares[path]
                 for tid, q in sorted(result.probs.items()):
@@ -154,7 +173,48 @@ class _Walk:
                         next_frontier.append((path + (tid,), text + vocab.pieces[tid],
                                               reach * q))
             frontier = next_frontier
-        return answers, unseen, shares
+        return answers, unseen, shares, nodes
+
+
+class LazyTree:
+    """One prompt's answer tree, each node probed when the first draw reaches it.
+
+    A node whose unseen tokens could move more than half of ``max_unseen`` of the answer
+    mass through it (its reach times its error bound) is asked again with ``RETRY_TOP_N``
+    tokens; one that even those do not decide raises TooMuchUnseen (with the cost spent).
+    ``unseen_mass`` sums reach times error over the nodes probed: the error of the draws
+    made, at most.
+    """
+
+    def __init__(self, probe: Probe, shape: TreeShape, settings: ChainSettings,
+                 max_unseen: float = 1e-4) -> None:
+        self.shape = shape
+        self.max_unseen = max_unseen
+        self.nodes: dict[Path, NextToken] = {}
+        self.unseen_mass = 0.0
+        self._walk = _Walk(probe, shape, settings, 0.0)
+
+    @property
+    def cost(self) -> Cost:
+        return self._walk.cost
+
+    def node(self, path: Path, text: str, reach: float) -> NextToken:
+        got = self.nodes.get(path)
+        if got is None:
+            got = self._walk.node(path, text, wide=False)
+            if reach * got.error_bound > self.max_unseen / 2:
+                got = self._walk.node(path, text, wide=True)
+            if reach * got.error_bound > self.max_unseen:
+                raise TooMuchUnseen(f"prefix {text!r}: {reach * got.error_bound:.2g} of the "
+                                    f"answer mass stays unseen (allowed: {self.max_unseen:g})",
+                                    self.cost)
+            self.nodes[path] = got
+            self.unseen_mass += reach * got.error_bound
+        return got
+
+    def walk(self, uniforms: np.ndarray) -> list[str]:
+        """Each agent's answer for its row of per-step uniforms, probing as needed."""
+        return draw_answers(self.node, self.shape, uniforms)  # type: ignore[return-value]
 
 
 def answer_distribution(probe: Probe, language: IntegerAnswers, vocab: AnswerVocab,
@@ -168,9 +228,10 @@ def answer_distribution(probe: Probe, language: IntegerAnswers, vocab: AnswerVoc
     much unseen, the prefixes that contribute most are asked again for ``RETRY_TOP_N``
     (until the rest would fit in half the allowance) and the tree is walked again.
     """
-    walk = _Walk(probe, language, vocab, settings, max_tokens, prune_below)
+    shape = TreeShape(language, vocab, max_tokens)
+    walk = _Walk(probe, shape, settings, prune_below)
     wide: set[tuple[int, ...]] = set()
-    answers, unseen, shares = walk.run(frozenset())
+    answers, unseen, shares, nodes = walk.run(frozenset())
     # Widening a prefix can reveal children that were unseen before, so repeat (a few
     # passes; each re-asks only prefixes not asked before).
     for _ in range(MAX_PASSES - 1):
@@ -187,11 +248,11 @@ def answer_distribution(probe: Probe, language: IntegerAnswers, vocab: AnswerVoc
             left -= share
         if not added:
             break
-        answers, unseen, shares = walk.run(frozenset(wide))
+        answers, unseen, shares, nodes = walk.run(frozenset(wide))
     if unseen > max_unseen:
         raise TooMuchUnseen(f"{unseen:.2g} of the answer distribution stays unseen "
                             f"(allowed: {max_unseen:g})", walk.cost)
     texts = tuple(sorted(answers))
     c = walk.cost
     return AnswerDistribution(texts, np.array([answers[t] for t in texts]), unseen, c.calls,
-                              c.tokens_in, c.tokens_out)
+                              c.tokens_in, c.tokens_out, shape, nodes)

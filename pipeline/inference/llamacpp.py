@@ -20,7 +20,7 @@ import stat
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -478,10 +478,24 @@ class LlamaCppBackend(Backend):
         """Exclusive use of the engine to ask for next-token log-probabilities after
         ``prompt`` followed by token ids; yields ``probe(path, top_n)`` (see ``Probe``).
 
-        The whole session is one lone sequence (``EngineLock.exclusive``) in one slot: the
-        first call decodes the prompt afresh and the later ones reuse only what the session
-        itself left there, so a fixed sequence of calls gives bit-identical answers on every
-        run, whatever ran before.
+        A chain (``logprob_chain``) of this one prompt: the first call decodes the prompt
+        afresh, so a fixed sequence of calls gives bit-identical answers on every run,
+        whatever ran before.
+        """
+        with self.logprob_chain() as probe_for:
+            yield probe_for(prompt)
+
+    @contextlib.contextmanager
+    def logprob_chain(self) -> Iterator[Callable[[str], Probe]]:
+        """Exclusive use of the engine for probes of several prompts in one chain; yields
+        ``probe_for(prompt)``, which gives that prompt's ``probe(path, top_n)``.
+
+        The whole chain is one lone sequence (``EngineLock.exclusive``) in one slot: the
+        first call decodes its prompt afresh and every later one reuses only the longest
+        common prefix that the chain itself left there, so a prompt costs the tokens in
+        which it differs from the one probed before it (sorted prompts share long
+        prefixes), and a fixed sequence of calls gives bit-identical answers on every run,
+        whatever ran before or beside.
         The prompt goes as text then ids: it tokenizes exactly as a sampled call's prompt
         does, and the ids are the tokens a sampled call would have generated. A probe
         raises ProbeError.
@@ -490,12 +504,12 @@ class LlamaCppBackend(Backend):
             raise ProbeError("the llama.cpp back-end is closed")
         fresh = True
 
-        def probe(path: tuple[int, ...], top_n: int) -> tuple[TopLogprobs, int, int]:
+        def probe_call(prompt: str, path: tuple[int, ...],
+                       top_n: int) -> tuple[TopLogprobs, int, int]:
             nonlocal fresh
             body = {"prompt": [prompt, *path] if path else prompt, "max_tokens": 1,
                     "n_probs": top_n, "temperature": 1.0, "top_k": 1, "seed": 0,
                     "cache_prompt": not fresh, "id_slot": LONE_SLOT}
-            fresh = False
             server = self._server
             if server is None:
                 raise ProbeError("the llama.cpp back-end is closed")
@@ -504,6 +518,8 @@ class LlamaCppBackend(Backend):
             c.requests += 1
             try:
                 response = server.handle_completions(body)
+                # The slot now holds this call's tokens: later calls may build on them.
+                fresh = False
                 top, evaluated, generated = _top_logprobs(response)
             except _CALL_ERRORS as exc:
                 c.errors += 1
@@ -516,8 +532,11 @@ class LlamaCppBackend(Backend):
             c.latency_s_sum += time.perf_counter() - start
             return top, evaluated, generated
 
+        def probe_for(prompt: str) -> Probe:
+            return functools.partial(probe_call, prompt)
+
         with self._lock.exclusive():
-            yield probe
+            yield probe_for
 
     async def generate(self, requests: Sequence[GenerationRequest], *,
                        reproducible: bool = False) -> list[GenerationResult]:

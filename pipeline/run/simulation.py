@@ -426,7 +426,17 @@ def _round_record(game: Game, rows: pd.DataFrame, outcomes: list[PartitionOutcom
         "shared_agents": sum(o.stats.shared_agents for o in outcomes),
         "fallback_prompts": sum(o.stats.fallback_prompts for o in played),
         "unseen_mass_max": max((o.stats.unseen_mass_max for o in played), default=0.0),
+        **_prompt_cost(played, distinct),
     }
+
+
+def _prompt_cost(played: list[PartitionOutcome], distinct: int) -> dict:
+    """Prompt tokens the model evaluated in this round, and per distinct prompt (a prompt
+    evaluated on a cached common prefix costs only its own suffix)."""
+    evaluated = sum(o.stats.prompt_tokens for o in played)
+    return {"prompt_tokens_evaluated": evaluated,
+            "prompt_tokens_per_distinct_prompt": (round(evaluated / distinct, 1)
+                                                  if distinct else None)}
 
 
 class _CounterWatch:

@@ -77,6 +77,8 @@ class RoundRecord(_Record):
     shared_agents: NonNegative = 0
     fallback_prompts: NonNegative = 0
     unseen_mass_max: float = 0.0
+    prompt_tokens_evaluated: NonNegative = 0  # a cached common prefix is not evaluated again
+    prompt_tokens_per_distinct_prompt: float | None = None
 
     @property
     def n_invalid(self) -> int:
