@@ -60,11 +60,14 @@ class TreeShape:
 def pick(result: NextToken, u: float) -> tuple[int, float]:
     """(token id, its probability) that uniform ``u`` in [0, 1) picks among the children:
     inverse CDF over the tokens with positive probability, in token-id order."""
-    ids = sorted(t for t, q in result.probs.items() if q > 0.0)
-    probs = np.fromiter((result.probs[t] for t in ids), np.float64, len(ids))
-    cdf = np.cumsum(probs)
+    ids, cdf = _children(result)
     i = min(int(np.searchsorted(cdf, u * cdf[-1], side="right")), len(ids) - 1)
-    return ids[i], float(probs[i] / cdf[-1])
+    return ids[i], float((cdf[i] - (cdf[i - 1] if i else 0.0)) / cdf[-1])
+
+
+def _children(result: NextToken) -> tuple[list[int], np.ndarray]:
+    ids = sorted(t for t, q in result.probs.items() if q > 0.0)
+    return ids, np.cumsum(np.fromiter((result.probs[t] for t in ids), np.float64, len(ids)))
 
 
 def draw_answer(node: NodeSource, shape: TreeShape, uniforms: np.ndarray) -> str | None:
