@@ -200,9 +200,10 @@ class _Agents(SamplingSettings):
         "the most probability mass a shared distribution may leave unseen (tokens beyond the "
         "top n the engine returns); a prompt above it gets one call per agent instead"))
     share_min_agents: StrictInt = Field(2, ge=1, description=(
-        "a prompt is shared when at least this many agents of a partition have it; the others "
-        "get one call each, made one at a time so that runs stay reproducible. A shared "
-        "distribution costs about as much as five calls (a tree of ~22 one-token probes)"))
+        "for back-ends that give answer distributions but cannot walk them lazily: a prompt "
+        "is shared when at least this many agents of a partition have it, the others get one "
+        "call each. The embedded `llamacpp` back-end ignores it and decides per prompt by "
+        "measured cost ([shared answers](shared-answers.md))"))
     reproducible: StrictBool = Field(False, description=(
         "one call per agent, made one at a time from a clean slot (embedded llama.cpp): the "
         "same seed gives the same answers with any `n_parallel`, at the cost of batching. "
