@@ -22,6 +22,7 @@ from simpipe.agents.base import (
     decisions_frame,
     stored_raw,
 )
+from simpipe.agents.progress import report_agents
 from simpipe.agents.seeds import GOLDEN, splitmix64
 from simpipe.agents.shared_answers import (
     SharedAnswers,
@@ -183,6 +184,7 @@ class LLMAgents(AgentPolicy):
                 distinct, codes[todo], seeds[todo],
                 reproducible=sharing or self.sampling.reproducible)))
             stats.model_calls += int(todo.size)
+            report_agents(todo.size, distinct=np.unique(codes[todo]).size, calls=todo.size)
         limit = self.sampling.cot_max_tokens if game.free_text_answer else self.sampling.max_tokens
         guesses, statuses = game_for(game).answer().parse_many(out.texts, out.cut(limit))
         statuses[out.failed] = "error"
@@ -219,6 +221,7 @@ class LLMAgents(AgentPolicy):
             picks = dist.draw(draw_uniforms(seeds[members]))
             out.texts[members] = np.asarray(dist.texts, dtype=object)[picks]
             out.shared[members] = True
+            report_agents(members.size, distinct=1, calls=found.calls)
             stats.unseen_mass_max = max(stats.unseen_mass_max, dist.unseen_mass)
 
     def counters(self) -> dict[str, dict]:
