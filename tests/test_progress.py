@@ -131,12 +131,12 @@ def test_the_progress_line_states_agents_prompts_calls_and_eta():
 @pytest.mark.llm
 @pytest.mark.slow
 def test_an_llm_partition_reports_agents_before_it_finishes(client, tmp_path):
-    # One partition; template personas by age: dozens of distinct prompts, each answered
-    # from its own distribution, one after another, each reported as it is drawn.
+    # One partition; three education levels: three prompts, each answered from its own
+    # distribution, one after another, each reported as its agents draw from it.
     config = small_config(
-        tmp_path, population={"size": 300, "partitions": 1,
+        tmp_path, population={"size": 30, "partitions": 1,
                               "persona": {"mode": "template",
-                                          "template": "You are {age} years old."}},
+                                          "template": "Your education: {education}."}},
         game={"rounds": 1},
         agents={"backend": "llamacpp", "max_tokens": 4, "llamacpp": {"n_parallel": 4}})
     observer = _Snapshots()
