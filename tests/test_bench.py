@@ -107,3 +107,46 @@ def test_bench_share_reports_each_round_and_the_per_agent_reference():
     assert reference["model_calls"] == "6" and reference["distinct_prompts"] != ""
     assert all(r["valid"] == "100.0%" for r in rows)
     assert all(float(r["peak_rss_gib"]) > 0.1 for r in rows)
+
+
+@pytest.mark.slow
+def test_bench_share_emulate_reports_gpu_seconds_with_and_without_sharing():
+    rows = _bench("share", "--case", "emulate", "--agents", "200", "--rounds", "2",
+                  "--servers", "2", timeout=600)
+    assert [r["case"] for r in rows] == [
+        "emulated 2 x A100 (vLLM), sharing auto, round 1",
+        "emulated 2 x A100 (vLLM), sharing auto, round 2",
+        "emulated 2 x A100 (vLLM), sharing off, round 1",
+        "emulated 2 x A100 (vLLM), sharing off, round 2",
+        "emulated GPU-seconds, sharing auto / off",
+    ]
+    for row in rows[:4]:
+        assert row["agents"] == "200" and row["valid"] == "100.0%"
+        assert int(row["distinct_prompts"]) >= 1 and int(row["model_calls"].replace(",", "")) >= 1
+        assert float(row["gpu_s"]) > 0  # the emulators' modelled work in the round
+    # The ratio row divides the two runs' GPU-seconds, whatever the back-end shares.
+    total = rows[4]
+    on = sum(float(r["gpu_s"]) for r in rows[:2])
+    off = sum(float(r["gpu_s"]) for r in rows[2:4])
+    assert float(total["gpu_s"]) == pytest.approx(on, abs=0.2)
+    assert float(total["gpu_s_ratio"]) == pytest.approx(on / off, abs=0.01)
+
+
+def test_bench_share_emulate_refuses_a_config():
+    proc = subprocess.run(
+        [sys.executable, "-m", "simpipe.cli", "bench", "share", "--case", "emulate",
+         "--set", "game.rounds=2"],
+        cwd=REPO, capture_output=True, text=True, timeout=60,
+    )
+    assert proc.returncode == 2 and "--case emulate builds its own config" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.llm
+@pytest.mark.slow
+def test_bench_share_openai_runs_through_a_llama_cpp_server():
+    rows = _bench("share", "--case", "openai", "--agents", "30", "--rounds", "2", timeout=900)
+    assert [r["case"] for r in rows] == ["openai -> llama.cpp server, round 1",
+                                         "openai -> llama.cpp server, round 2"]
+    assert all(r["agents"] == "30" and int(r["model_calls"]) >= 1 for r in rows)
+    assert all(r["valid"].endswith("%") for r in rows)

@@ -22,6 +22,7 @@ from simpipe.agents.base import (
     decisions_frame,
     stored_raw,
 )
+from simpipe.agents.progress import report_agents
 from simpipe.agents.seeds import GOLDEN, splitmix64
 from simpipe.agents.shared_answers import (
     SharedAnswers,
@@ -189,6 +190,7 @@ class LLMAgents(AgentPolicy):
             out.fill(todo, answers)
             stats.model_calls += int(todo.size)
             stats.prompt_tokens += sum(answers.tokens_in)
+            report_agents(todo.size, distinct=np.unique(codes[todo]).size, calls=todo.size)
         limit = self.sampling.cot_max_tokens if game.free_text_answer else self.sampling.max_tokens
         guesses, statuses = game_for(game).answer().parse_many(out.texts, out.cut(limit))
         statuses[out.failed] = "error"
@@ -218,7 +220,7 @@ class LLMAgents(AgentPolicy):
             planned = turn.planned.get(prompt)
             if planned is not None:
                 self._take(out, members, planned.walk(uniforms[members]), planned.unseen_mass,
-                           stats)
+                           stats, calls=0)
                 continue
             if chained and not full_tree_pays(members.size):
                 lazy.append((prompt, members))
@@ -238,7 +240,8 @@ class LLMAgents(AgentPolicy):
                 stats.fallback_prompts += 1
                 stats.problem = stats.problem or found.problem
                 continue
-            self._take(out, members, dist.walk(uniforms[members]), dist.unseen_mass, stats)
+            self._take(out, members, dist.walk(uniforms[members]), dist.unseen_mass, stats,
+                       calls=found.calls)
         if lazy:
             shape = TreeShape(IntegerAnswers(*answer.bounds),
                               self.backend.answer_vocab(IntegerAnswers(*answer.bounds).alphabet),
@@ -274,11 +277,11 @@ class LLMAgents(AgentPolicy):
                     stats.fallback_prompts += 1
                     stats.problem = stats.problem or problem
                     continue
-                self._take(out, members, texts, tree.unseen_mass, stats)
+                self._take(out, members, texts, tree.unseen_mass, stats, calls=c.calls)
 
     @staticmethod
     def _take(out: _Answers, members: np.ndarray, texts: list[str | None], unseen: float,
-              stats: DecisionStats) -> None:
+              stats: DecisionStats, calls: int) -> None:
         """Answers drawn for ``members``; a None (a walk into a prefix too unlikely to have
         been probed) leaves that agent to a call of its own."""
         got = np.fromiter((t is not None for t in texts), bool, len(texts))
@@ -286,6 +289,7 @@ class LLMAgents(AgentPolicy):
         out.texts[idx] = np.asarray([t for t in texts if t is not None], dtype=object)
         out.shared[idx] = True
         stats.unseen_mass_max = max(stats.unseen_mass_max, unseen)
+        report_agents(idx.size, distinct=1, calls=calls)
 
     def counters(self) -> dict[str, dict]:
         return self.backend.counters()

@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 
 from simpipe.agents.base import AgentPolicy, Decisions, Turn, decisions_frame
+from simpipe.agents.progress import report_agents
 from simpipe.aio import CoalescedClock, gc_paused, run_async
 from simpipe.games.base import Game, ScriptedSettings
 from simpipe.games.registry import game_for
@@ -29,6 +30,7 @@ class ScriptedAgents(AgentPolicy):
         if self.latency_s > 0:
             with gc_paused():
                 latency = run_async(_wait_each(n, self.latency_s))
+        report_agents(n)
         return Decisions(decisions_frame(answers, np.full(n, "ok"), latency_s=latency))
 
 

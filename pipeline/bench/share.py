@@ -6,6 +6,14 @@ agents, distinct prompts, sharing factor, model calls, wall time, agents/s and t
 of the process tree during the round. The reference row, in the same run, is the per-agent
 path: one sampled call per agent for a sample of the same round-1 agents, on the same model
 and settings, in this process.
+
+Other cases (``--case``): ``paper``, the same default config at 1,000 agents x 5 rounds;
+``openai``, that run through the ``openai`` back-end to a llama.cpp HTTP server started by
+the bench (the same model; no per-agent reference row); ``emulate``, 1M agents x 3 rounds as
+a dry run (``--emulate``) against emulated vLLM servers (32 A100 by default), once with
+sharing (``share_answers = "auto"``) and once without (``"off"``), each round with the
+emulated GPU-seconds its requests took, and their ratio. Every row reports what the
+back-end did: the distinct prompts, model calls and GPU time the run records.
 """
 
 from __future__ import annotations
@@ -21,16 +29,22 @@ from simpipe.agents.base import Turn
 from simpipe.agents.llm import build_requests
 from simpipe.aio import run_async
 from simpipe.config import Config, apply_override, config_from_dict
-from simpipe.inference.llamacpp import LlamaCppBackend
+from simpipe.inference.llamacpp import LlamaCppBackend, resolve_model_path
 from simpipe.memory import PeakMemory
 from simpipe.run.console import Console
 from simpipe.run.simulation import run_simulation
+from simpipe.servers.llamacpp_server import LlamaCppProcess
 from simpipe.store.results import read_ledger, read_population
 from simpipe.tables import markdown_table
 
 FORMATS = {"agents": "{:,}", "distinct_prompts": "{:,}", "sharing_factor": "{:,.1f}",
            "model_calls": "{:,}", "wall_s": "{:.1f}", "agents_per_s": "{:,.1f}",
-           "peak_rss_gib": "{:.2f}", "x_per_agent": "{:,.0f}"}
+           "peak_rss_gib": "{:.2f}", "x_per_agent": "{:,.0f}", "gpu_s": "{:,.1f}",
+           "gpu_s_ratio": "{:.3f}"}
+#: ``--case``: (agents, rounds) when not given.
+CASES = {"default": (1_000_000, 2), "paper": (1_000, 5), "openai": (1_000, 5),
+         "emulate": (1_000_000, 3)}
+EMULATED_PROFILE = "a100-llama3-8b"
 PAPER_EDUCATION = ("Elementary School", "High School", "Bachelor's Degree", "Master's Degree",
                    "Ph.D.")
 
@@ -81,28 +95,50 @@ def per_agent_reference(config: Config, sample: int) -> dict:
             "valid": sum(r.status == "ok" for r in results) / len(results)}
 
 
-def run_share_bench(config: Config | None, agents: int, rounds: int, sample: int) -> list[dict]:
+def _in(config: Config, out: Path, name: str = "share-bench") -> Config:
+    return config.model_copy(update={"run": config.run.model_copy(
+        update={"output_dir": str(out), "name": name})})
+
+
+def _round_rows(config: Config, label: str, emulate: bool = False) -> list[dict]:
+    """Run ``config`` and return one row per round from its run.json (with the emulated
+    fleet's GPU-seconds per round when ``emulate``)."""
+    with PeakMemory(interval_s=0.25, timeline=True) as rss:
+        result = run_simulation(config, console=Console(quiet=True), emulate=emulate)
+    ledger = read_ledger(result.run_dir)
+    estimate = {r["round"] - 1: r for r in (ledger.estimate or {}).get("rounds", [])}
+    gpus = (ledger.estimate or {}).get("gpus", 0)
+    rows = []
+    for r, rec in ledger.finished_rounds().items():
+        start, wall = rec.started_at or 0.0, rec.elapsed_s or 0.0
+        row = {
+            "case": f"{label}, round {r + 1}", "agents": rec.n,
+            "distinct_prompts": rec.distinct_prompts,
+            "sharing_factor": rec.sharing_factor, "model_calls": rec.model_calls,
+            "wall_s": wall, "agents_per_s": rec.agents_per_s,
+            "peak_rss_gib": rss.peak_gib_between(start, start + wall),
+            "valid": rec.n_valid / rec.n if rec.n else 0.0,
+        }
+        if emulate:
+            # The fleet's modelled work in the round: per-server mean x servers x GPUs each.
+            row["gpu_s"] = (estimate[r]["ideal_s"] * gpus if r in estimate else None)
+        rows.append(row)
+    return rows
+
+
+def run_share_bench(config: Config | None, agents: int, rounds: int, sample: int,
+                    case: str = "default", servers: int = 32,
+                    time_scale: float = 20.0) -> list[dict]:
+    """The table's rows for ``case`` (``CASES``); ``config`` replaces the default config
+    of the ``default`` and ``paper`` cases."""
+    if case == "openai":
+        return _openai_rows(config or default_config(agents, rounds, Path("results")))
+    if case == "emulate":
+        return _emulated_rows(agents, rounds, servers, time_scale)
     with tempfile.TemporaryDirectory(prefix="simpipe-share-") as tmp:
         out = Path(tmp)
-        if config is None:
-            config = default_config(agents, rounds, out)
-        else:
-            config = config.model_copy(update={"run": config.run.model_copy(
-                update={"output_dir": str(out), "name": "share-bench"})})
-        with PeakMemory(interval_s=0.25, timeline=True) as rss:
-            run_simulation(config, console=Console(quiet=True))
-        ledger = read_ledger(config.run_dir)
-        rows = []
-        for r, rec in ledger.finished_rounds().items():
-            start, wall = rec.started_at or 0.0, rec.elapsed_s or 0.0
-            rows.append({
-                "case": f"shared answers, round {r + 1}", "agents": rec.n,
-                "distinct_prompts": rec.distinct_prompts,
-                "sharing_factor": rec.sharing_factor, "model_calls": rec.model_calls,
-                "wall_s": wall, "agents_per_s": rec.agents_per_s,
-                "peak_rss_gib": rss.peak_gib_between(start, start + wall),
-                "valid": rec.n_valid / rec.n,
-            })
+        config = _in(config or default_config(agents, rounds, out), out)
+        rows = _round_rows(config, "shared answers")
         reference = per_agent_reference(config, sample)
     for row in [*rows, reference]:
         row["x_per_agent"] = row["agents_per_s"] / reference["agents_per_s"]
@@ -110,4 +146,55 @@ def run_share_bench(config: Config | None, agents: int, rounds: int, sample: int
 
 
 def format_table(rows: list[dict]) -> str:
-    return markdown_table(rows, FORMATS | {"valid": "{:.1%}"})
+    columns = list(dict.fromkeys(key for row in rows for key in row))  # every row's, in order
+    return markdown_table([{c: row.get(c) for c in columns} for row in rows],
+                          FORMATS | {"valid": "{:.1%}"})
+
+
+def _openai_rows(config: Config) -> list[dict]:
+    """The config's run through the ``openai`` back-end to a llama.cpp server (the model of
+    ``[agents.llamacpp]``) that the bench starts and stops."""
+    embedded = config.agents.llamacpp
+    model = resolve_model_path(embedded)
+    with tempfile.TemporaryDirectory(prefix="simpipe-share-") as tmp, \
+            LlamaCppProcess(parallel=embedded.n_parallel, model=model) as server:
+        raw = config.model_dump(mode="json")
+        raw["agents"]["backend"] = "openai"
+        raw["agents"]["openai"] = {**raw["agents"].get("openai", {}),
+                                   "endpoints": [server.url],
+                                   "max_concurrency": embedded.n_parallel}
+        served = _in(config_from_dict(raw, source="bench share --case openai"), Path(tmp))
+        return _round_rows(served, "openai -> llama.cpp server")
+
+
+def emulated_config(agents: int, rounds: int, servers: int, time_scale: float,
+                    share: str, output_dir: Path) -> Config:
+    """The paper's population answered by ``servers`` emulated vLLM servers (OpenAI routes,
+    one A100 each), for ``simpipe run --emulate``."""
+    config = default_config(agents, rounds, output_dir, (
+        f"agents.share_answers={share}", "agents.backend=openai"))
+    raw = config.model_dump(mode="json")
+    raw["run"]["name"] = f"share-emulated-{share}"
+    raw["agents"]["openai"] = {**raw["agents"].get("openai", {}),
+                               "endpoints": [f"http://gpu-{i:02d}:8000"
+                                             for i in range(servers)]}
+    raw["cluster"]["servers"] = {**raw["cluster"].get("servers", {}),
+                                 "emulated": {"profile": EMULATED_PROFILE,
+                                              "time_scale": time_scale}}
+    return config_from_dict(raw, source="bench share --case emulate")
+
+
+def _emulated_rows(agents: int, rounds: int, servers: int, time_scale: float) -> list[dict]:
+    rows: list[dict] = []
+    totals = {}
+    with tempfile.TemporaryDirectory(prefix="simpipe-share-") as tmp:
+        for share in ("auto", "off"):
+            config = emulated_config(agents, rounds, servers, time_scale, share, Path(tmp))
+            got = _round_rows(config, f"emulated {servers} x A100 (vLLM), sharing {share}",
+                              emulate=True)
+            totals[share] = sum(r["gpu_s"] or 0.0 for r in got)
+            rows += got
+    rows.append({"case": "emulated GPU-seconds, sharing auto / off",
+                 "gpu_s": totals["auto"],
+                 "gpu_s_ratio": totals["auto"] / totals["off"] if totals["off"] else None})
+    return rows

@@ -286,27 +286,46 @@ def bench_engine(agents: int, parallel: int) -> None:
 
 
 @bench.command("share")
+@click.option("--case", type=click.Choice(["default", "paper", "openai", "emulate"]),
+              default="default", show_default=True,
+              help="default: the embedded model (1M x 2); paper: 1,000 x 5 of the paper's "
+                   "population; openai: that through the openai back-end to a llama.cpp "
+                   "server; emulate: 1M x 3 on emulated vLLM servers with and without sharing.")
 @click.option("--config", "config_path", default=None, type=click.Path(dir_okay=False),
               help="Run this config (output goes to a temporary folder) instead of the "
                    "default: the paper's population as template personas, embedded model.")
-@click.option("--agents", default=1_000_000, show_default=True, type=click.IntRange(min=2),
-              help="Agents (default config only).")
-@click.option("--rounds", default=2, show_default=True, type=click.IntRange(min=1),
-              help="Rounds (default config only).")
+@click.option("--agents", default=None, type=click.IntRange(min=2),
+              help="Agents (default config only; default per --case: 1,000,000, or 1,000 "
+                   "for paper and openai).")
+@click.option("--rounds", default=None, type=click.IntRange(min=1),
+              help="Rounds (default config only; default per --case: 2, 5 for paper and "
+                   "openai, 3 for emulate).")
 @click.option("--sample", default=64, show_default=True, type=click.IntRange(min=1),
               help="Agents in the per-agent reference row.")
+@click.option("--servers", default=32, show_default=True, type=click.IntRange(1, 256),
+              help="Emulated GPU servers (--case emulate).")
+@click.option("--time-scale", default=20.0, show_default=True, type=click.FloatRange(min=1.0),
+              help="Emulated time runs this much faster than real time (--case emulate).")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Override a key of --config, or of the default config (after --agents "
                    "and --rounds), e.g. --set agents.max_tokens=4 (repeatable).")
-def bench_share(config_path: str | None, agents: int, rounds: int, sample: int,
+def bench_share(case: str, config_path: str | None, agents: int | None, rounds: int | None,
+                sample: int, servers: int, time_scale: float,
                 overrides: tuple[str, ...]) -> None:
-    """Shared answer distributions vs one call per agent: agents/s, model calls, memory."""
-    from simpipe.bench.share import default_config, format_table, run_share_bench
+    """Shared answer distributions vs one call per agent: agents/s, model calls, memory;
+    on emulated GPU servers, the GPU-seconds with and without sharing."""
+    from simpipe.bench.share import CASES, default_config, format_table, run_share_bench
 
+    agents = agents or CASES[case][0]
+    rounds = rounds or CASES[case][1]
+    if case == "emulate" and (config_path or overrides):
+        raise click.UsageError("--case emulate builds its own config; drop --config and --set")
     # The output folder is replaced by a temporary one in either case.
     config = (load(config_path, overrides) if config_path
+              else None if case == "emulate"
               else default_config(agents, rounds, Path("results"), overrides))
-    click.echo(format_table(run_share_bench(config, agents, rounds, sample)))
+    click.echo(format_table(run_share_bench(config, agents, rounds, sample, case=case,
+                                            servers=servers, time_scale=time_scale)))
 
 
 @bench.command("client")

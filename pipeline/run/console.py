@@ -42,7 +42,7 @@ class Console:
         if not self.quiet:
             tqdm.write(f"warning: {text}", file=sys.stderr)
 
-    def progress(self, total: int, desc: str) -> tqdm:
+    def progress(self, total: int, desc: str, unit: str = "part") -> tqdm:
         # disable=None: a bar on a terminal, nothing in a batch job's log file.
-        return tqdm(total=total, desc=desc, unit="part", leave=False,
+        return tqdm(total=total, desc=desc, unit=unit, leave=False, unit_scale=unit == "agent",
                     disable=True if self.quiet else None, file=sys.stderr)

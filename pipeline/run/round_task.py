@@ -17,6 +17,7 @@ import pandas as pd
 import pyarrow as pa
 
 from simpipe.agents.base import DecisionStats, Turn
+from simpipe.agents.progress import report_agents, reporting
 from simpipe.agents.registry import get_policy
 from simpipe.aio import gc_paused
 from simpipe.config import Config
@@ -53,6 +54,7 @@ class PartitionJob:
     round_index: int
     partition: int
     group_ids: np.ndarray  # the group of each agent in this partition, in agent_id order
+    progress_topic: str = ""  # where the task reports agents answered (simpipe.agents.progress)
 
 
 @dataclass
@@ -69,6 +71,11 @@ class PartitionOutcome:
 
 def play_partition(job: PartitionJob, feedback: np.ndarray) -> PartitionOutcome:
     """``feedback``: (groups, rounds so far), the number announced to each group each round."""
+    with reporting(job.progress_topic, job.round_index, job.partition):
+        return _play(job, feedback)
+
+
+def _play(job: PartitionJob, feedback: np.ndarray) -> PartitionOutcome:
     paths = RunPaths(Path(job.run_dir))
     out = paths.round_part(job.round_index, job.partition)
     set_aside = ""
@@ -78,6 +85,7 @@ def play_partition(job: PartitionJob, feedback: np.ndarray) -> PartitionOutcome:
         try:
             rows = read_part(out, ids, REUSED_COLUMNS, required=ROW_COLUMNS)
             stats = DecisionStats(shared_agents=int(rows["shared"].sum()))
+            report_agents(len(rows))  # answered in an earlier invocation
             return _outcome(job, rows, stats, reused=True)
         except CorruptFile as exc:
             set_aside = f"{exc}; moved aside to {move_aside(out).name}, playing it again"

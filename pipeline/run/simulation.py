@@ -26,6 +26,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 from distributed import Client, Future, as_completed
 
+from simpipe.agents.progress import ProgressWatch
 from simpipe.agents.registry import (
     backend_supports_distributions,
     close_engines_on_shutdown,
@@ -46,6 +47,7 @@ from simpipe.run.console import Console
 from simpipe.run.executor import Executor, OwnClientExecutor, executor_for
 from simpipe.run.population import ensure_population
 from simpipe.run.quiet_teardown import QuietTeardown
+from simpipe.run.round_progress import RoundMeter, RoundSnapshot
 from simpipe.run.round_task import ROW_COLUMNS, PartitionJob, PartitionOutcome, play_partition
 from simpipe.run.sigterm import sigterm_as_interrupt
 from simpipe.store.integrity import read_summary, round_problems
@@ -73,6 +75,10 @@ class RoundObserver:
 
     def round_finished(self, round_index: int, record: dict) -> None:
         """Right after the round is reduced and recorded; ``record`` is its run.json entry."""
+
+    def round_progress(self, snapshot: RoundSnapshot) -> None:
+        """Every few tenths of a second while a round plays: agents answered so far (those
+        of partitions still playing included), distinct prompts, model calls."""
 
 
 @dataclass
@@ -139,6 +145,8 @@ def _run(executor: Executor, config: Config, resume: bool, force: bool, console:
     ledger = open_run_dir(paths, config, resume=resume, force=force)
     console.attach_log(paths.log)
     started = time.perf_counter()
+    # Partitions report agents answered as they play (simpipe.agents.progress).
+    watch = ProgressWatch(dask_client, f"simpipe-progress-{uuid.uuid4().hex[:8]}")
     try:
         remove_stale_temps(paths.root)
         paths.cancel_flag.unlink(missing_ok=True)
@@ -151,7 +159,7 @@ def _run(executor: Executor, config: Config, resume: bool, force: bool, console:
         # second process out of this folder (simpipe.store.owner).
         ledger.set_state("running", scheduler=dask_client.scheduler.address,
                          **this_process())
-        result = _run_rounds(dask_client, config, paths, ledger, console, observer)
+        result = _run_rounds(dask_client, config, paths, ledger, console, observer, watch)
         report_estimate(config, ledger, console)  # emulated servers only: the real run
     except RunCancelled:
         ledger.set_state("interrupted")
@@ -165,6 +173,7 @@ def _run(executor: Executor, config: Config, resume: bool, force: bool, console:
         raise
     finally:
         wall = time.perf_counter() - started
+        watch.close()
         ledger.add_timing("wall_s", wall)
         ledger.save()
         console.detach_log()
@@ -174,7 +183,7 @@ def _run(executor: Executor, config: Config, resume: bool, force: bool, console:
 
 
 def _run_rounds(client: Client, config: Config, paths: RunPaths, ledger: Ledger,
-                console: Console, observer: RoundObserver) -> RunResult:
+                console: Console, observer: RoundObserver, watch: ProgressWatch) -> RunResult:
     t0 = time.perf_counter()
     bar = console.progress(config.population.n_partitions, "population")
     ensure_population(client, config, paths, on_progress=lambda done, n: bar.update(1),
@@ -203,8 +212,10 @@ def _run_rounds(client: Client, config: Config, paths: RunPaths, ledger: Ledger,
         observer.round_started(r)
         t_round = time.perf_counter()
         started_at = time.time()  # on the clock emulated servers' stats are aligned to
-        outcomes = _play_round(client, config, paths, ledger, console, r, groups, bounds,
-                               feedback, token)
+        meter = RoundMeter(watch, console, ledger, r, config.game.rounds,
+                           [b - a for a, b in bounds], observer.round_progress)
+        outcomes = _play_round(client, config, paths, meter, r, groups, bounds, feedback,
+                               token, watch.topic)
         rows = game.reduce([o.partial for o in outcomes], r)
         summary = _with_round(summary, rows, r)
         write_parquet_atomic(summary, paths.summary)
@@ -221,14 +232,14 @@ def _run_rounds(client: Client, config: Config, paths: RunPaths, ledger: Ledger,
     return RunResult(paths.root, summary, "finished", 0.0, round_times)
 
 
-def _play_round(client: Client, config: Config, paths: RunPaths, ledger: Ledger,
-                console: Console, r: int, groups: np.ndarray, bounds: list[tuple[int, int]],
-                feedback: np.ndarray, token: str) -> list[PartitionOutcome]:
+def _play_round(client: Client, config: Config, paths: RunPaths, meter: RoundMeter, r: int,
+                groups: np.ndarray, bounds: list[tuple[int, int]], feedback: np.ndarray,
+                token: str, progress_topic: str) -> list[PartitionOutcome]:
     feedback_future = _on_workers(client, feedback)
     futures = [
         client.submit(
             play_partition,
-            PartitionJob(config, str(paths.root), r, k, groups[a:b]),
+            PartitionJob(config, str(paths.root), r, k, groups[a:b], progress_topic),
             feedback_future,
             key=f"play-round-{r}-part-{k}-{token}",
             pure=False,
@@ -236,9 +247,6 @@ def _play_round(client: Client, config: Config, paths: RunPaths, ledger: Ledger,
         for k, (a, b) in enumerate(bounds)
     ]
     outcomes: list[PartitionOutcome] = []
-    bar = console.progress(len(futures), f"round {r}")
-    started = time.perf_counter()
-    agents_done = 0
     pending = as_completed(futures, timeout=None)
     try:
         while len(outcomes) < len(futures):
@@ -247,19 +255,16 @@ def _play_round(client: Client, config: Config, paths: RunPaths, ledger: Ledger,
             for future in batch:
                 outcome = future.result()
                 if outcome.set_aside:
-                    console.warn(outcome.set_aside)
+                    meter.console.warn(outcome.set_aside)
                 outcomes.append(outcome)
-                agents_done += outcome.n_agents
-                bar.update(1)
-            ledger.record_progress(r, len(outcomes), len(futures), agents_done,
-                                   time.perf_counter() - started,
-                                   force=len(outcomes) == len(futures))
+                meter.finished(outcome)
+            meter.update(force=len(outcomes) == len(futures))
             if paths.cancel_flag.exists() and len(outcomes) < len(futures):
                 # Finished partitions are on disk; --resume skips them and replays the rest.
                 client.cancel(futures)
                 raise RunCancelled(str(paths.root))
     finally:
-        bar.close()
+        meter.close()
     return sorted(outcomes, key=lambda o: o.partition)
 
 

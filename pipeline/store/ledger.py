@@ -91,12 +91,19 @@ class Ledger:
         return self.record.completed_rounds()
 
     def record_progress(self, round_index: int, done: int, total: int, agents_done: int,
-                        elapsed_s: float, force: bool = False) -> None:
-        """Live progress for watchers (the UI); saved at most twice a second."""
+                        elapsed_s: float, force: bool = False, *, agents_total: int = 0,
+                        distinct_prompts: int = 0, model_calls: int = 0) -> None:
+        """Live progress for watchers (the UI), counted in agents (those of partitions
+        still playing included); saved at most twice a second."""
+        rate = agents_done / elapsed_s if elapsed_s > 0 else None
+        eta = ((agents_total - agents_done) / rate
+               if rate and agents_total >= agents_done else None)
         self._update(progress=Progress(
             round=round_index, partitions_done=done, partitions_total=total,
-            agents_done=agents_done, elapsed_s=round(elapsed_s, 3),
-            agents_per_s=round(agents_done / elapsed_s, 1) if elapsed_s > 0 else None))
+            agents_done=agents_done, agents_total=agents_total,
+            distinct_prompts=distinct_prompts, model_calls=model_calls,
+            elapsed_s=round(elapsed_s, 3), agents_per_s=round(rate, 1) if rate else None,
+            eta_s=round(eta, 1) if eta is not None else None))
         now = time.monotonic()
         if force or now - self._last_progress_save >= 0.5:
             self._last_progress_save = now

@@ -103,8 +103,14 @@ class Progress(_Record):
     partitions_done: NonNegative = 0
     partitions_total: NonNegative = 0
     agents_done: NonNegative = 0
+    agents_total: NonNegative = 0
+    # Counted inside partitions as they play (simpipe.agents.progress); a prompt seen in two
+    # partitions counts twice until the round's record gives the exact number.
+    distinct_prompts: NonNegative = 0
+    model_calls: NonNegative = 0
     elapsed_s: float | None = None
     agents_per_s: float | None = None
+    eta_s: float | None = None  # seconds left at the round's rate so far
 
 
 class ConfigSections(_Record):

@@ -270,6 +270,26 @@ def test_a_dead_running_run_is_shown_interrupted(server, results):
             shutil.rmtree(results / name)
 
 
+def test_a_running_runs_progress_counts_agents_prompts_calls_and_eta(server, results):
+    shutil.copytree(results / "done", results / "live")
+    try:
+        ledger = json.loads((results / "live" / "run.json").read_text())
+        ledger.update(state="running", pid=os.getpid(), host=socket.gethostname(),
+                      progress={"round": 1, "partitions_done": 0, "partitions_total": 4,
+                                "agents_done": 150, "agents_total": 600,
+                                "distinct_prompts": 40, "model_calls": 55,
+                                "elapsed_s": 3.0, "agents_per_s": 50.0, "eta_s": 9.0})
+        (results / "live" / "run.json").write_text(json.dumps(ledger))
+        status, run = get_json(server, "/api/runs/live")
+        assert status == 200 and run["state"] == "running"
+        progress = run["progress"]
+        assert (progress["agents_done"], progress["agents_total"]) == (150, 600)
+        assert (progress["distinct_prompts"], progress["model_calls"]) == (40, 55)
+        assert progress["eta_s"] == 9.0
+    finally:
+        shutil.rmtree(results / "live")
+
+
 def test_simpipe_ui_command_serves_the_page(results):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -261,14 +261,17 @@ function progressCard(run) {
     card.append(h("p", {}, run.state === "running" ? "Between rounds…" : `Not running (${run.rounds_done}/${run.rounds_total} rounds done).`));
     return card;
   }
-  const frac = p.partitions_total ? p.partitions_done / p.partitions_total : 0;
+  // Agents, counted inside partitions as they play; partitions where agents_total is absent.
+  const frac = p.agents_total ? p.agents_done / p.agents_total : p.partitions_total ? p.partitions_done / p.partitions_total : 0;
   const fill = h("div", {});
   fill.style.width = `${(frac * 100).toFixed(1)}%`;  // CSSOM, allowed by the page's CSP
   card.append(
     h("p", {}, `Round ${p.round + 1} of ${run.rounds_total}: `,
       h("strong", { id: "partitions" }, `${p.partitions_done}/${p.partitions_total}`), " partitions, ",
-      fmt.int(p.agents_done), " agents, ", p.agents_per_s ? `${fmt.int(Math.round(p.agents_per_s))} agents/s` : "– agents/s",
-      `, ${fmt.secs(p.elapsed_s)}`),
+      h("span", { id: "agents-done" }, p.agents_total ? `${fmt.int(p.agents_done)}/${fmt.int(p.agents_total)}` : fmt.int(p.agents_done)), " agents, ",
+      p.agents_per_s ? `${fmt.int(Math.round(p.agents_per_s))} agents/s` : "– agents/s",
+      p.distinct_prompts || p.model_calls ? `, ${fmt.int(p.distinct_prompts)} distinct prompts, ${fmt.int(p.model_calls)} model calls` : "",
+      `, ${fmt.secs(p.elapsed_s)}`, p.eta_s != null ? `, ETA ${fmt.secs(p.eta_s)}` : ""),
     h("div", { className: "bar" }, fill));
   return card;
 }
@@ -310,6 +313,7 @@ function renderRun(box, run) {
   box.dataset.state = run.state;
   box.dataset.roundsDone = String(run.rounds_done);
   box.dataset.partitionsDone = run.progress ? `${run.progress.round}:${run.progress.partitions_done}` : "";
+  box.dataset.agentsDone = run.progress ? `${run.progress.round}:${run.progress.agents_done}` : "";
   if (run.state === "broken") {  // its run.json cannot be read: say why, show nothing else
     box.replaceChildren(h("h2", {}, `Run ${run.name} `, badge(run.state)),
       h("p", { className: "note problem", id: "run-problem" }, run.problem));

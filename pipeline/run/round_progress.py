@@ -1,0 +1,125 @@
+"""A round's progress on the client, counted in agents: finished partitions' outcomes plus
+what the partitions still playing have reported (``simpipe.agents.progress``).
+
+Shown three ways: the terminal's bar (agents, distinct prompts, model calls, tqdm's ETA),
+a console/run.log line every ``LINE_EVERY_S`` (a batch job's log has no bar), and
+``run.json``'s ``progress`` (the UI reads it).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from simpipe.agents.progress import ProgressWatch
+from simpipe.run.console import Console
+from simpipe.run.round_task import PartitionOutcome
+from simpipe.store.ledger import Ledger
+
+#: A progress line in the console and run.log this often during a long round.
+LINE_EVERY_S = 30.0
+
+
+@dataclass(frozen=True)
+class RoundSnapshot:
+    """Where a round stands now."""
+
+    round: int
+    partitions_done: int
+    partitions_total: int
+    agents_done: int
+    agents_total: int
+    distinct_prompts: int  # summed over partitions: a prompt seen in two counts twice
+    model_calls: int
+    elapsed_s: float
+
+    @property
+    def agents_per_s(self) -> float | None:
+        return self.agents_done / self.elapsed_s if self.elapsed_s > 0 else None
+
+    @property
+    def eta_s(self) -> float | None:
+        """Seconds left at the round's rate so far; None before any agent answered."""
+        rate = self.agents_per_s
+        return (self.agents_total - self.agents_done) / rate if rate else None
+
+
+def format_eta(seconds: float | None) -> str:
+    if seconds is None:
+        return "ETA -"
+    seconds = round(seconds)
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    return (f"ETA {hours}h{minutes:02d}m" if hours else
+            f"ETA {minutes}m{secs:02d}s" if minutes else f"ETA {secs}s")
+
+
+def snapshot_line(snap: RoundSnapshot, rounds_total: int) -> str:
+    rate = snap.agents_per_s or 0.0
+    return (f"round {snap.round + 1}/{rounds_total}: {snap.agents_done:,}/{snap.agents_total:,} "
+            f"agents ({snap.partitions_done}/{snap.partitions_total} partitions), "
+            f"{snap.distinct_prompts:,} distinct prompts, {snap.model_calls:,} model calls, "
+            f"{rate:,.1f} agents/s, {format_eta(snap.eta_s)}")
+
+
+class RoundMeter:
+    """One round's progress: told of each finished partition, asked to ``update`` often."""
+
+    def __init__(self, watch: ProgressWatch | None, console: Console, ledger: Ledger,
+                 round_index: int, rounds_total: int, sizes: list[int],
+                 on_update: Callable[[RoundSnapshot], None] | None = None) -> None:
+        self.watch = watch
+        self.console = console
+        self.ledger = ledger
+        self.round = round_index
+        self.rounds_total = rounds_total
+        self.sizes = sizes
+        self.on_update = on_update
+        self.done: dict[int, PartitionOutcome] = {}
+        self.started = time.perf_counter()
+        self._last_line = self.started
+        self.bar = console.progress(sum(sizes), f"round {round_index + 1}", unit="agent")
+
+    def finished(self, outcome: PartitionOutcome) -> None:
+        self.done[outcome.partition] = outcome
+
+    def snapshot(self) -> RoundSnapshot:
+        agents = distinct = calls = 0
+        for outcome in self.done.values():
+            agents += outcome.n_agents
+            if not outcome.reused:
+                distinct += int(outcome.stats.prompt_ids.size)
+                calls += outcome.stats.model_calls
+        reported = self.watch.reported(self.round) if self.watch is not None else {}
+        for partition, counts in reported.items():
+            if partition not in self.done:
+                agents += counts.agents
+                distinct += counts.distinct
+                calls += counts.calls
+        return RoundSnapshot(self.round, len(self.done), len(self.sizes), agents,
+                             sum(self.sizes), distinct, calls,
+                             time.perf_counter() - self.started)
+
+    def update(self, force: bool = False) -> RoundSnapshot:
+        snap = self.snapshot()
+        self.bar.update(max(0, snap.agents_done - self.bar.n))
+        self.bar.set_postfix_str(f"{snap.partitions_done}/{snap.partitions_total} parts, "
+                                 f"{snap.distinct_prompts:,} prompts, "
+                                 f"{snap.model_calls:,} calls", refresh=False)
+        self.ledger.record_progress(
+            snap.round, snap.partitions_done, snap.partitions_total, snap.agents_done,
+            snap.elapsed_s, force=force, agents_total=snap.agents_total,
+            distinct_prompts=snap.distinct_prompts, model_calls=snap.model_calls)
+        now = time.perf_counter()
+        if now - self._last_line >= LINE_EVERY_S and snap.partitions_done < len(self.sizes):
+            self._last_line = now
+            self.console.line(snapshot_line(snap, self.rounds_total))
+        if self.on_update is not None:
+            self.on_update(snap)
+        return snap
+
+    def close(self) -> None:
+        self.bar.close()
+        if self.watch is not None:
+            self.watch.forget(self.round)

@@ -1,0 +1,151 @@
+"""Progress counted in agents: partitions report agents answered while they play (Dask
+events from inside the task), and the client's round loop, run.json and the round line show
+them. Real LocalClusters; no timing assertions (waits end on what is seen, with a deadline)."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import pytest
+from distributed import Client, Event, LocalCluster
+
+from simpipe.agents.progress import AgentCounts, ProgressWatch, report_agents, reporting
+from simpipe.run.console import Console
+from simpipe.run.round_progress import RoundSnapshot, format_eta, snapshot_line
+from simpipe.run.simulation import RoundObserver, run_simulation
+from simpipe.store.layout import RunPaths
+from simpipe.store.results import read_ledger
+
+from support import small_config
+
+QUIET = Console(quiet=True)
+
+
+def _until(check, what: str, deadline_s: float = 120.0):
+    """Poll ``check`` until it returns something truthy; fail naming ``what`` after a
+    generous deadline (a hang, not a speed, is what it catches)."""
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.05)
+    pytest.fail(f"never saw {what}")
+
+
+@pytest.fixture(scope="module")
+def client():
+    with LocalCluster(n_workers=1, threads_per_worker=2, processes=True,
+                      dashboard_address=":0", silence_logs=logging.ERROR) as cluster:
+        with Client(cluster) as c:
+            yield c
+
+
+def test_a_task_reports_agents_before_it_finishes(client):
+    topic = "simpipe-progress-test"
+    watch = ProgressWatch(client, topic)
+
+    def partition_task(topic: str) -> int:
+        # As a partition's code does: report some agents, then more only when told to go on.
+        with reporting(topic, 1, 3):
+            report_agents(5, distinct=2, calls=2)
+            Event("go-on").wait(timeout=120)
+            report_agents(7, distinct=1, calls=4)
+        return 12
+
+    try:
+        future = client.submit(partition_task, topic, pure=False)
+        seen = _until(lambda: watch.reported(1).get(3), "the first report")
+        assert seen == AgentCounts(agents=5, distinct=2, calls=2)
+        assert not future.done()  # reported while the task still plays
+        Event("go-on", client=client).set()
+        assert future.result() == 12
+        # The last counts are sent when the task ends, throttled or not.
+        final = _until(lambda: watch.reported(1).get(3) == AgentCounts(12, 3, 6) or None,
+                       "the final counts")
+        assert final
+        assert watch.reported(0) == {}  # per round
+        watch.forget(1)
+        assert watch.reported(1) == {}
+    finally:
+        watch.close()
+
+
+def test_report_agents_outside_a_task_does_nothing():
+    report_agents(10, distinct=1, calls=1)  # no worker, no reporter: no error either
+    with reporting("some-topic", 0, 0) as reporter:
+        assert reporter is None  # not in a Dask worker
+        report_agents(3)
+
+
+class _Snapshots(RoundObserver):
+    def __init__(self) -> None:
+        self.seen: list[RoundSnapshot] = []
+
+    def round_progress(self, snapshot: RoundSnapshot) -> None:
+        self.seen.append(snapshot)
+
+
+def test_a_run_counts_agents_per_round_in_its_progress(client, tmp_path):
+    config = small_config(tmp_path, game={"rounds": 2})
+    observer = _Snapshots()
+    run_simulation(config, client=client, console=QUIET, observer=observer)
+    for r in (0, 1):
+        snaps = [s for s in observer.seen if s.round == r]
+        assert snaps, f"no progress in round {r + 1}"
+        last = snaps[-1]
+        assert last.agents_done == last.agents_total == 600
+        assert last.partitions_done == last.partitions_total == 4
+        assert last.eta_s == 0.0
+        # Counts only grow within a round.
+        assert [s.agents_done for s in snaps] == sorted(s.agents_done for s in snaps)
+        assert last.distinct_prompts == last.model_calls == 0  # scripted agents call nothing
+    ledger = read_ledger(config.run_dir)
+    assert ledger.progress is None  # cleared when the round is recorded
+
+
+def test_run_json_progress_carries_agents_prompts_calls_and_eta(tmp_path):
+    from simpipe.store.ledger import open_run_dir
+
+    config = small_config(tmp_path)
+    ledger = open_run_dir(RunPaths(config.run_dir), config, resume=False, force=False)
+    ledger.record_progress(1, 0, 4, 150, 3.0, force=True, agents_total=600,
+                           distinct_prompts=40, model_calls=55)
+    progress = read_ledger(config.run_dir).progress
+    assert (progress.agents_done, progress.agents_total) == (150, 600)
+    assert (progress.distinct_prompts, progress.model_calls) == (40, 55)
+    assert progress.agents_per_s == 50.0 and progress.eta_s == 9.0
+
+
+def test_the_progress_line_states_agents_prompts_calls_and_eta():
+    snap = RoundSnapshot(round=1, partitions_done=0, partitions_total=16, agents_done=250_000,
+                         agents_total=1_000_000, distinct_prompts=1_010, model_calls=3_030,
+                         elapsed_s=100.0)
+    assert snapshot_line(snap, 3) == (
+        "round 2/3: 250,000/1,000,000 agents (0/16 partitions), 1,010 distinct prompts, "
+        "3,030 model calls, 2,500.0 agents/s, ETA 5m00s")
+    assert format_eta(None) == "ETA -" and format_eta(7300) == "ETA 2h01m"
+
+
+@pytest.mark.llm
+@pytest.mark.slow
+def test_an_llm_partition_reports_agents_before_it_finishes(client, tmp_path):
+    # One partition; three education levels: three prompts, each answered from its own
+    # distribution, one after another, each reported as its agents draw from it.
+    config = small_config(
+        tmp_path, population={"size": 30, "partitions": 1,
+                              "persona": {"mode": "template",
+                                          "template": "Your education: {education}."}},
+        game={"rounds": 1},
+        agents={"backend": "llamacpp", "max_tokens": 4, "llamacpp": {"n_parallel": 4}})
+    observer = _Snapshots()
+    run_simulation(config, client=client, console=QUIET, observer=observer)
+    partial = [s for s in observer.seen
+               if s.partitions_done == 0 and 0 < s.agents_done < s.agents_total]
+    assert partial, "no agent counts from the partition before it ended"
+    assert all(s.distinct_prompts > 0 and s.model_calls > 0 for s in partial)
+    log = RunPaths(config.run_dir).log.read_text("utf-8")
+    record = read_ledger(config.run_dir).round(0)
+    assert (f"{record.distinct_prompts:,} distinct prompts" in log
+            and f"{record.model_calls:,} model calls" in log)
