@@ -221,7 +221,7 @@ class _Agents(SamplingSettings):
 
     @model_validator(mode="after")
     def _mix_shape(self) -> _Agents:
-        from simpipe.agents.mix import check_shape  # it reads this module's AgentsConfig
+        from simpipe.population_mix import check_shape  # it reads this module's AgentsConfig
 
         check_shape(self)  # type: ignore[arg-type]
         return self
@@ -252,7 +252,7 @@ AgentsConfig = create_model(
 
 def _mix_fits_population(agents: Any, info: ValidationInfo) -> Any:
     """``agents.by`` names a categorical attribute of ``[population]`` and maps each value."""
-    from simpipe.agents.mix import check_population  # see _Agents._mix_shape
+    from simpipe.population_mix import check_population  # see _Agents._mix_shape
 
     population = info.data.get("population")
     if population is not None:
@@ -356,7 +356,7 @@ class Config(_Section):
             # Servers may move between a run and its --resume (a new `cluster up`).
             "agents": dict.fromkeys(endpoint_backends(), {"endpoints"}),
         })
-        from simpipe.agents.mix import hash_view  # see _Agents._mix_shape
+        from simpipe.population_mix import hash_view  # see _Agents._mix_shape
 
         hash_view(data["agents"], endpoint_backends())
         return _digest(data)

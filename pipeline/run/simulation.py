@@ -26,7 +26,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 from distributed import Client, Future, as_completed
 
-from simpipe.agents.mix import llm_groups, mix_attribute, round_split, round_text, uses_llm
+from simpipe.agents.mix import round_split, round_text
 from simpipe.agents.registry import (
     backend_supports_distributions,
     close_engines_on_shutdown,
@@ -42,6 +42,7 @@ from simpipe.games.base import Game
 from simpipe.games.groups import assign_groups
 from simpipe.games.registry import game_for
 from simpipe.personas.sampling import partition_bounds
+from simpipe.population_mix import llm_groups, mix_attribute, uses_llm
 from simpipe.records import CorruptFile
 from simpipe.run.console import Console
 from simpipe.run.executor import Executor, OwnClientExecutor, executor_for
