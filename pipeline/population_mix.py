@@ -177,6 +177,8 @@ def hash_view(agents_dump: dict[str, Any], endpoint_backends: tuple[str, ...]) -
             for name in endpoint_backends:
                 if isinstance(override.get(name), dict):
                     override[name].pop("endpoints", None)
+                    if not override[name]:
+                        del override[name]  # a table that named only its servers
 
 
 def backend_summary(agents: AgentsConfig) -> str:
