@@ -123,13 +123,13 @@ def test_scripted_and_llm_agents_play_one_game_split_by_value(dask_client, tmp_p
         rebuild_prompt(config.run_dir, rule_agent, 0)
 
     report = build_report([config.run_dir], tmp_path / "report")
-    by_model = pd.read_csv(report.out_dir / "tables" / "by_model.csv")
+    by_model = pd.read_csv(tmp_path / "report" / "tables" / "by_model.csv")
     assert set(by_model["reaches_agents"]) == {"back-end"}
     assert sorted(set(by_model["level"])) == ["llm", "rules"]
     first = by_model[by_model["round"] == 0].set_index("level")["mean"]
     assert first["rules"] == pytest.approx(ledger.round(0).value("by")["values"]["rules"]["mean"],
                                            abs=1e-3)
-    runs = pd.read_csv(report.out_dir / "tables" / "runs.csv")
+    runs = pd.read_csv(tmp_path / "report" / "tables" / "runs.csv")
     assert runs["backend"].iloc[0].startswith("by model: rules = scripted")
 
 
