@@ -111,7 +111,8 @@ def rebuild_prompt(run_dir: str | Path, agent_id: int, round_index: int = 0,
         who = (f"agent {agent_id} is rule-based" if ledger.section("agents").get(mix.BY)
                else "its agents are rule-based")
         raise PromptUnavailable(f"{paths.root}: {who} "
-                                f"(agents.backend = {agents.get('backend')!r}): no prompt")
+                                f"(agents.backend = {agents.get('backend')!r}): they get no "
+                                "prompt")
     if not 0 <= round_index < total:
         raise PromptUnavailable(f"round {round_index + 1}: the run has rounds 1 to {total}")
     missing = [r + 1 for r in range(round_index) if ledger.round(r) is None]
