@@ -595,8 +595,8 @@ def _error_lines(exc: ValidationError, raw: dict) -> list[str]:
         key = _cut(full_key, _SHOWN_CHARS)
         # Validators may quote the value: the message is cut too.
         msg = _cut(err["msg"].removeprefix("Value error, "), _MESSAGE_CHARS)
-        if msg.startswith(full_key + "."):
-            lines.append(msg)  # a section's validator named the whole key (agents.by.<...>)
+        if full_key == "agents" and msg.startswith("agents.by"):
+            lines.append(msg)  # the mix's checks name the whole key (simpipe.population_mix)
             continue
         if err["type"] == "extra_forbidden":
             section = _walk(err["loc"][:-1])[2]
