@@ -211,6 +211,21 @@ class _Agents(SamplingSettings):
     max_raw_chars: StrictInt = Field(4096, ge=0, le=2**20, description=(
         "characters of each answer stored in the `raw` column; the number is parsed from the "
         "whole answer, and a longer one is stored as its prefix with `raw_truncated = true`"))
+    by: dict[str, dict[str, dict[str, Any]]] = Field(default_factory=dict, description=(
+        "a mixed population: `[agents.by.<attribute>.<value>]` tables, one per value of a "
+        "categorical population attribute, each overriding `[agents]` for the agents with "
+        "that value (`backend`, its table, `temperature`, ...); e.g. `[agents.by.model."
+        "scripted] backend = \"scripted\"` beside `[agents.by.model.gemma] backend = "
+        "\"llamacpp\"`. One attribute; every value mapped. A back-end table in an override "
+        "is merged key by key into `[agents]`'s ([mixed populations](runs.md#mixed-"
+        "populations)); empty: one back-end for all"))
+
+    @model_validator(mode="after")
+    def _mix_shape(self) -> _Agents:
+        from simpipe.population_mix import check_shape  # it reads this module's AgentsConfig
+
+        check_shape(self)  # type: ignore[arg-type]
+        return self
 
     @property
     def plugin(self) -> BackendPlugin:
@@ -234,6 +249,16 @@ AgentsConfig = create_model(
     "AgentsConfig", __base__=_Agents, __module__=__name__,
     **{name: (plugin.settings, plugin.settings()) for name, plugin in BACKENDS.items()},
 )
+
+
+def _mix_fits_population(agents: Any, info: ValidationInfo) -> Any:
+    """``agents.by`` names a categorical attribute of ``[population]`` and maps each value."""
+    from simpipe.population_mix import check_population  # see _Agents._mix_shape
+
+    population = info.data.get("population")
+    if population is not None:
+        check_population(agents, population)
+    return agents
 
 
 def _game_fits_population(game: AnyGameConfig, info: ValidationInfo) -> AnyGameConfig:
@@ -264,7 +289,7 @@ class Config(_Section):
             "the game and its rules. `kind` chooses ([games](games.md)), and each game has "
             "its own keys: a key of the other game's table is an error naming the game it "
             "belongs to"))
-    agents: AgentsConfig = AgentsConfig()
+    agents: Annotated[AgentsConfig, AfterValidator(_mix_fits_population)] = AgentsConfig()
     cluster: ClusterConfig = Field(LocalClusterConfig(), description=(
         "where the Dask workers run. `kind` chooses, and each kind has its own keys: a key of "
         "another kind (`queue` with `kind = \"local\"`) is an error naming the key and the "
@@ -332,6 +357,9 @@ class Config(_Section):
             # Servers may move between a run and its --resume (a new `cluster up`).
             "agents": dict.fromkeys(endpoint_backends(), {"endpoints"}),
         })
+        from simpipe.population_mix import hash_view  # see _Agents._mix_shape
+
+        hash_view(data["agents"], endpoint_backends())
         return _digest(data)
 
     def population_hash(self) -> str:
@@ -568,6 +596,9 @@ def _error_lines(exc: ValidationError, raw: dict) -> list[str]:
         key = _cut(full_key, _SHOWN_CHARS)
         # Validators may quote the value: the message is cut too.
         msg = _cut(err["msg"].removeprefix("Value error, "), _MESSAGE_CHARS)
+        if full_key == "agents" and msg.startswith("agents.by"):
+            lines.append(msg)  # the mix's checks name the whole key (simpipe.population_mix)
+            continue
         if err["type"] == "extra_forbidden":
             section = _walk(err["loc"][:-1])[2]
             names = list(section.model_fields) if section else []

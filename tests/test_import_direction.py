@@ -33,7 +33,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("simpipe.servers",),  # the servers simpipe runs (llama.cpp's uses the engine)
     ("simpipe.cluster",),  # workers, server jobs, persistent clusters
     # the config, composed from the sections of the layers below
-    ("simpipe.backends", "simpipe.config", "simpipe.config_docs"),
+    ("simpipe.backends", "simpipe.config", "simpipe.config_docs", "simpipe.population_mix"),
     ("simpipe.store",),  # a run's files (run.json records the config)
     ("simpipe.agents",),  # how a partition decides
     # a run: where it executes, servers, population, rounds; the dry run's estimate (read

@@ -74,11 +74,12 @@ def validate(config_path: str, overrides: tuple[str, ...]) -> None:
     """Check CONFIG and print the resolved settings: game, prompt options, back-end and
     model, population, cluster, and agent 0's round-1 prompt as an example."""
     from simpipe.cli.settings import resolved_settings
+    from simpipe.population_mix import backend_summary
 
     config = load(config_path, overrides)
     click.echo(f"ok: {config_path}  (results hash {config.results_hash()}, "
                f"{config.population.size:,} agents in {config.population.n_partitions} partitions, "
-               f"{config.game.rounds} rounds, backend {config.agents.backend})")
+               f"{config.game.rounds} rounds, backend {backend_summary(config.agents)})")
     click.echo(resolved_settings(config))
     if config.experiment is not None:
         from simpipe.run.experiment import load_experiment

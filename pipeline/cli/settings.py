@@ -6,12 +6,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from simpipe.config import Config
+from simpipe.config import AgentsConfig, Config
 from simpipe.games.beauty_contest.prompts import prompt_label
 from simpipe.games.config import BeautyContestConfig
 from simpipe.games.registry import game_for
 from simpipe.personas.sampling import sample_partition
 from simpipe.personas.templates import render_template
+from simpipe.population_mix import groups as mix_groups
+from simpipe.population_mix import mix_attribute, resolve
 from simpipe.run.agent_prompt import PromptUnavailable, example_prompt
 
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "max_tokens", "cot_max_tokens",
@@ -48,25 +50,46 @@ def agent0_persona(config: Config) -> str | None:
     return str(render_template(config.population.persona_template, frame)[0])
 
 
+def agent0_agents(config: Config) -> AgentsConfig:
+    """The agents config agent 0 is answered by (its group's, in a mixed population)."""
+    attribute = mix_attribute(config.agents)
+    if attribute is None:
+        return config.agents
+    frame = sample_partition(config.population, config.run.seed, 0).head(1)
+    return resolve(config.agents, str(frame[attribute].iloc[0]))
+
+
+def _backend_lines(agents: AgentsConfig, game: Any, label: str) -> list[str]:
+    """Who answers and with what settings: ``back-end: ...`` (or a mix value's ``label``)."""
+    plugin = agents.plugin
+    settings = agents.settings.model_dump(mode="json", exclude_none=True)
+    lines = [f"{'back-end:    ' if not label else '             ' + label}"
+             f"{agents.backend} ({plugin.describe(settings, game)})"]
+    if settings:
+        lines.append(f"             [agents.{agents.backend}] {_pairs(settings)}")
+    if plugin.is_llm:
+        lines.append(f"             {_pairs({k: getattr(agents, k) for k in SAMPLING_KEYS})}")
+    return lines
+
+
 def resolved_settings(config: Config) -> str:
     game = game_for(config.game)
     g = config.game
     options = (prompt_label(g) if isinstance(g, BeautyContestConfig) else g.prompt)
-    agents = config.agents
-    plugin = agents.plugin
-    settings = agents.settings.model_dump(mode="json", exclude_none=True)
     lines = [
         f"game:        {game.describe()}",
         f"             {_pairs(g.model_dump(mode='json'))}",
         f"prompt:      {options}; answer "
         + ("reasoning, then 'Final answer:' and the number" if g.free_text_answer
            else "the number alone"),
-        f"back-end:    {agents.backend} ({plugin.describe(settings, game)})",
     ]
-    if settings:
-        lines.append(f"             [agents.{agents.backend}] {_pairs(settings)}")
-    if plugin.is_llm:
-        lines.append(f"             {_pairs({k: getattr(agents, k) for k in SAMPLING_KEYS})}")
+    attribute = mix_attribute(config.agents)
+    if attribute is not None:
+        lines.append(f"back-end:    chosen by {attribute} (agents.by.{attribute}), "
+                     f"{len(config.agents.by[attribute])} values:")
+    for group in mix_groups(config.agents):
+        lines += _backend_lines(group.agents, game,
+                                f"  {attribute} = {group.value!r}: " if attribute else "")
     cluster = config.cluster.model_dump(mode="json", exclude_none=True)
     servers = cluster.pop("servers", {})
     p = config.population
@@ -80,7 +103,7 @@ def resolved_settings(config: Config) -> str:
     if servers.get("kind") != "none":
         lines.append(f"             [cluster.servers] {_pairs(servers)}")
     try:
-        prompt = example_prompt(config, agent0_persona(config))
+        prompt = example_prompt(config, agent0_persona(config), agent0_agents(config))
     except PromptUnavailable as exc:
         lines.append(f"prompt of agent 0, round 1: none ({exc})")
         return "\n".join(lines)

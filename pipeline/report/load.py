@@ -10,6 +10,7 @@ from pathlib import Path
 import pandas as pd
 import pyarrow.parquet as pq
 
+from simpipe import population_mix as mix
 from simpipe.backends import BACKENDS, DEFAULT_BACKEND
 from simpipe.errors import SimpipeError
 from simpipe.games.base import Game
@@ -59,14 +60,26 @@ class RunData:
 
     def reaches_agents(self, attribute: str) -> str | None:
         """How ``attribute`` can influence the agents' guesses: "prompt" (their persona text
-        names it), "rules" (scripted agents' depth_shift uses it), or None: it never reached
-        them, so a difference between its levels is chance or correlation, not an effect."""
+        names it), "rules" (scripted agents' depth_shift uses it), "back-end" (a mixed
+        population's attribute: it chose who answers), "rules and prompt" (a mix of both
+        kinds of agents), or None: it never reached them, so a difference between its levels
+        is chance or correlation, not an effect."""
         config = self.ledger.config_dict()
         try:
             population = PopulationConfig.model_validate(config.get("population") or {})
         except ValueError:
             return None
         agents = config.get("agents") or {}
+        mixed = agents.get(mix.BY) or {}
+        if attribute in mixed:
+            return "back-end"  # a mixed population: its value chose who answers
+        tables = ([mix.stored_table(agents, value) for value in next(iter(mixed.values()))]
+                  if mixed else [agents])
+        hows = [self._reaches(table, attribute, population) for table in tables]
+        return " and ".join(dict.fromkeys(h for h in hows if h)) or None
+
+    def _reaches(self, agents: dict, attribute: str,
+                 population: PopulationConfig) -> str | None:
         backend = agents.get("backend", DEFAULT_BACKEND)
         plugin = BACKENDS.get(backend) if isinstance(backend, str) else None
         if plugin is not None and plugin.rule_attributes is not None:

@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 from scipy.special import stdtrit  # the t quantile, without importing all of scipy.stats
 
+from simpipe import population_mix as mix
 from simpipe.backends import BACKENDS
 from simpipe.games.base import Game, ReferenceTable
 from simpipe.report.load import RunData
@@ -112,6 +113,12 @@ def reference_tables(runs: Sequence[RunData],
 
 def describe_backend(config: dict, game: Game) -> str:
     agents = config.get("agents", {})
+    mixed = agents.get(mix.BY) if isinstance(agents, dict) else None
+    if mixed:  # a mixed population: who answered each value's agents
+        attribute, tables = next(iter(mixed.items()))
+        return f"by {attribute}: " + "; ".join(
+            f"{value} = {describe_backend({'agents': mix.stored_table(agents, value)}, game)}"
+            for value in tables)
     backend = agents.get("backend", "?")
     plugin = BACKENDS.get(backend) if isinstance(backend, str) else None
     if plugin is None:  # a run of a back-end this version does not know

@@ -22,10 +22,11 @@ import numpy as np
 import pandas as pd
 from pydantic import ValidationError
 
+from simpipe import population_mix as mix
 from simpipe.agents.base import Turn
 from simpipe.agents.llm import render_prompts
 from simpipe.backends import BACKENDS
-from simpipe.config import Config
+from simpipe.config import AgentsConfig, Config
 from simpipe.errors import SimpipeError
 from simpipe.games.base import Game
 from simpipe.games.groups import assign_groups
@@ -96,13 +97,22 @@ def rebuild_prompt(run_dir: str | Path, agent_id: int, round_index: int = 0,
         game = ledger.game()
     except CorruptFile as exc:
         raise PromptUnavailable(f"{exc}; restore it from a copy") from None
-    style = prompt_style(ledger.section("agents"))
-    if style is None:
-        raise PromptUnavailable(f"{paths.root}: its agents are rule-based "
-                                f"(agents.backend = {ledger.backend!r}): they get no prompt")
     n_agents, total = ledger.n_agents or 0, ledger.rounds_total or 0
     if not 0 <= agent_id < n_agents:
         raise PromptUnavailable(f"agent {agent_id}: the run has agents 0 to {n_agents - 1}")
+    agents = ledger.section("agents")
+    if agents.get(mix.BY):
+        try:
+            agents = _mixed_agent_table(paths, ledger, agents, agent_id, resolve)
+        except CorruptFile as exc:
+            raise PromptUnavailable(f"{exc}; {RESUME_REPAIRS}") from None
+    style = prompt_style(agents)
+    if style is None:
+        who = (f"agent {agent_id} is rule-based" if ledger.section("agents").get(mix.BY)
+               else "its agents are rule-based")
+        raise PromptUnavailable(f"{paths.root}: {who} "
+                                f"(agents.backend = {agents.get('backend')!r}): they get no "
+                                "prompt")
     if not 0 <= round_index < total:
         raise PromptUnavailable(f"round {round_index + 1}: the run has rounds 1 to {total}")
     missing = [r + 1 for r in range(round_index) if ledger.round(r) is None]
@@ -114,6 +124,19 @@ def rebuild_prompt(run_dir: str | Path, agent_id: int, round_index: int = 0,
         return _rebuild(paths, ledger, game, style, agent_id, round_index, resolve)
     except CorruptFile as exc:
         raise PromptUnavailable(f"{exc}; {RESUME_REPAIRS}") from None
+
+
+def _mixed_agent_table(paths: RunPaths, ledger: RunRecord, agents: dict, agent_id: int,
+                       resolve: Callable[[Path], Path]) -> dict:
+    """A mixed population's ``[agents]`` for ``agent_id``: its value's override applied
+    (``simpipe.agents.mix``), the value read from its population part."""
+    attribute = next(iter(agents[mix.BY]))
+    bounds = ledger.partition_bounds()
+    k = next(i for i, (a, b) in enumerate(bounds) if a <= agent_id < b)
+    part = resolve(paths.population_part(k))
+    check_part(part, bounds[k])
+    values = pd.read_parquet(part, columns=[attribute])[attribute]
+    return mix.stored_table(agents, str(values.iloc[agent_id - bounds[k][0]]))
 
 
 def _rebuild(paths: RunPaths, ledger: RunRecord, game: Game, style: str, agent_id: int,
@@ -151,13 +174,16 @@ def _rebuild(paths: RunPaths, ledger: RunRecord, game: Game, style: str, agent_i
                        prompt if isinstance(prompt, str) else tuple(prompt), tokens_in, shared)
 
 
-def example_prompt(config: Config, persona: str | None) -> Prompt:
-    """Round 1's prompt of an agent with ``persona`` under ``config`` (``simpipe validate``);
-    PromptUnavailable for rule-based agents."""
-    plugin = config.agents.plugin
+def example_prompt(config: Config, persona: str | None,
+                   agents: AgentsConfig | None = None) -> Prompt:
+    """Round 1's prompt of an agent with ``persona`` under ``config`` (``simpipe validate``),
+    answered by ``agents`` (default ``config.agents``; a mixed population's agent by its
+    group's); PromptUnavailable for rule-based agents."""
+    agents = agents or config.agents
+    plugin = agents.plugin
     if not plugin.is_llm:
         raise PromptUnavailable("rule-based agents get no prompt")
-    style = plugin.prompt_style(config.agents.settings)
+    style = plugin.prompt_style(agents.settings)
     agent = pd.DataFrame({"agent_id": [0]} | ({"persona": [persona]} if persona else {}))
     turn = Turn(game=config.game, seed=config.run.seed, round_index=0, partition=0,
                 past_feedback=np.empty((1, 0)))

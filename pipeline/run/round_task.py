@@ -17,8 +17,8 @@ import pandas as pd
 import pyarrow as pa
 
 from simpipe.agents.base import DecisionStats, Turn
+from simpipe.agents.mix import decide_mixed, partition_counts
 from simpipe.agents.progress import report_agents, reporting
-from simpipe.agents.registry import get_policy
 from simpipe.aio import gc_paused
 from simpipe.config import Config
 from simpipe.files import move_aside, write_parquet_atomic
@@ -67,6 +67,8 @@ class PartitionOutcome:
     reused: bool
     stats: DecisionStats = field(default_factory=DecisionStats)
     set_aside: str = ""  # a corrupt file found in place of this partition's: the warning
+    #: A mixed population's counts per value of its attribute (simpipe.agents.mix)
+    by_value: dict[str, list[float]] = field(default_factory=dict)
 
 
 def play_partition(job: PartitionJob, feedback: np.ndarray) -> PartitionOutcome:
@@ -90,10 +92,6 @@ def _play(job: PartitionJob, feedback: np.ndarray) -> PartitionOutcome:
         except CorruptFile as exc:
             set_aside = f"{exc}; moved aside to {move_aside(out).name}, playing it again"
     agents = pd.read_parquet(paths.population_part(job.partition))
-    policy = get_policy(job.config.agents)
-    past_answers = None
-    if policy.needs_own_answers(game_for(job.config.game)) and job.round_index > 0:
-        past_answers = read_own_answers(paths, job.partition, job.round_index)
     turn = Turn(
         game=job.config.game,
         seed=job.config.run.seed,
@@ -101,13 +99,15 @@ def _play(job: PartitionJob, feedback: np.ndarray) -> PartitionOutcome:
         partition=job.partition,
         past_feedback=(feedback[job.group_ids] if feedback.size
                        else np.empty((len(agents), 0))),
-        past_answers=past_answers,
     )
     # A partition's agents are hundreds of thousands of containers (histories, answers,
     # coroutine frames) that reference counting frees; collections in between only walk
     # them (measured: 12-16 % of a partition's CPU for LLM agents).
     with gc_paused():
-        decisions = policy.decide(agents, turn)
+        # Each agent by its own policy: one for all, or one per value of a mixed
+        # population's attribute (simpipe.agents.mix); own answers read only if asked for.
+        decisions = decide_mixed(job.config.agents, agents, turn, lambda: read_own_answers(
+            paths, job.partition, job.round_index))
     rows = pd.concat(
         [pd.DataFrame({"agent_id": agents["agent_id"].to_numpy(),
                        "group_id": job.group_ids.astype(np.int64)}),
@@ -138,4 +138,7 @@ def _outcome(job: PartitionJob, rows: pd.DataFrame, stats: DecisionStats, reused
         reused=reused,
         stats=stats,
         set_aside=set_aside,
+        by_value=partition_counts(job.config.agents,
+                                  RunPaths(Path(job.run_dir)).population_part(job.partition),
+                                  rows),
     )

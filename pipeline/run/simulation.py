@@ -26,6 +26,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 from distributed import Client, Future, as_completed
 
+from simpipe.agents.mix import round_split, round_text
 from simpipe.agents.progress import ProgressWatch
 from simpipe.agents.registry import (
     backend_supports_distributions,
@@ -34,7 +35,7 @@ from simpipe.agents.registry import (
     prompt_style,
 )
 from simpipe.agents.shared_answers import sharing_refusal
-from simpipe.config import Config
+from simpipe.config import AgentsConfig, Config
 from simpipe.errors import EXIT_CANCELLED, SimpipeError
 from simpipe.estimate import report_estimate
 from simpipe.files import move_aside, remove_stale_temps, write_parquet_atomic
@@ -42,6 +43,7 @@ from simpipe.games.base import Game
 from simpipe.games.groups import assign_groups
 from simpipe.games.registry import game_for
 from simpipe.personas.sampling import partition_bounds
+from simpipe.population_mix import llm_groups, mix_attribute, uses_llm
 from simpipe.records import CorruptFile
 from simpipe.run.console import Console
 from simpipe.run.executor import Executor, OwnClientExecutor, executor_for
@@ -150,7 +152,7 @@ def _run(executor: Executor, config: Config, resume: bool, force: bool, console:
     try:
         remove_stale_temps(paths.root)
         paths.cancel_flag.unlink(missing_ok=True)
-        if config.agents.plugin.is_llm:
+        if uses_llm(config.agents):
             close_engines_on_shutdown(dask_client)
         if dask_client.dashboard_link:
             console.line(f"Dask dashboard: {dask_client.dashboard_link}")
@@ -190,7 +192,7 @@ def _run_rounds(client: Client, config: Config, paths: RunPaths, ledger: Ledger,
                       warn=console.warn)
     bar.close()
     ledger.add_timing("population_s", time.perf_counter() - t0)
-    if config.agents.plugin.is_llm:
+    if uses_llm(config.agents):
         console.line(answers_plan(config))
 
     size, n_parts = config.population.size, config.population.n_partitions
@@ -222,6 +224,7 @@ def _run_rounds(client: Client, config: Config, paths: RunPaths, ledger: Ledger,
         elapsed = time.perf_counter() - t_round
         round_times.append(elapsed)
         record = _round_record(game, rows, outcomes, elapsed, started_at)
+        record.update(round_split(config.agents, [o.by_value for o in outcomes]))
         ledger.record_round(r, record)
         observer.round_finished(r, record)
         counters.update()
@@ -322,14 +325,20 @@ def _first_error(run_dir: Path, round_index: int) -> str:
 
 
 def answers_plan(config: Config) -> str:
-    """One line saying how LLM agents will be answered this run, and why."""
-    refusal = sharing_refusal(config.agents.share_answers, config.game, config.agents.backend,
-                              backend_supports_distributions(config.agents),
-                              prompt_style(config.agents))
+    """One line saying how LLM agents will be answered this run, and why (one per LLM
+    group of a mixed population, named by its value)."""
+    return "\n".join(_answers_plan(config, group.agents, group.value)
+                     for group in llm_groups(config.agents))
+
+
+def _answers_plan(config: Config, agents: AgentsConfig, value: str | None) -> str:
+    who = "answers" if value is None else f"answers of {mix_attribute(config.agents)} = {value}"
+    refusal = sharing_refusal(agents.share_answers, config.game, agents.backend,
+                              backend_supports_distributions(agents), prompt_style(agents))
     if refusal is None:
-        return ("answers: each distinct prompt's answer distribution is computed once per "
+        return (f"{who}: each distinct prompt's answer distribution is computed once per "
                 "worker; agents draw from it with their own seeds")
-    return f"answers: one model call per agent ({refusal})"
+    return f"{who}: one model call per agent ({refusal})"
 
 
 def _wait_one(pending: as_completed, poll_s: float = 0.25) -> list:
@@ -491,10 +500,10 @@ def _round_line(config: Config, game: Game, r: int, rows: pd.DataFrame, record: 
         f"error {record['n_error']}{_cot_counts(record)})  {record['elapsed_s']:.1f}s  "
         f"{_rate(record['agents_per_s'])} agents/s  ({game.reference_text(r)})"
     )
-    if config.agents.plugin.is_llm and record["distinct_prompts"]:
+    if uses_llm(config.agents) and record["distinct_prompts"]:
         line += (f"\n  {record['distinct_prompts']:,} distinct prompts, sharing factor "
                  f"{record['sharing_factor']:,.1f}, {record['model_calls']:,} model calls, "
                  f"{record['shared_agents']:,} answers drawn from shared distributions")
         if record["fallback_prompts"]:
             line += f", {record['fallback_prompts']} prompts fell back to one call per agent"
-    return line
+    return line + round_text(record)
