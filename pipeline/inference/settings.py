@@ -26,6 +26,8 @@ MAX_CONCURRENCY = 4096
 MAX_RETRIES = 100
 MAX_TIMEOUT_S = 86_400.0
 MAX_BACKOFF_S = 3600.0
+# vLLM does not cap ``n``; OpenAI's API caps it at 128; past this, more requests do better.
+MAX_N_PER_REQUEST = 1024
 MODEL_KEY = "agents.llamacpp.model_path"
 GGUF_MAGIC = b"GGUF"
 _GGUF_HEADER_BYTES = 24  # magic, version (u32), tensor count (u64), metadata count (u64)
@@ -176,6 +178,13 @@ class OpenAISettings(HttpSettings):
             "how the server is told the answer's format: `auto` (llama.cpp's `grammar` and "
             "vLLM's `structured_outputs.regex` together), `grammar` (GBNF, llama.cpp), "
             "`json_schema` (llama.cpp), `guided_regex` (vLLM), `none` (the parser alone)"))
+    n_per_request: StrictInt = Field(1, ge=1, le=MAX_N_PER_REQUEST, description=(
+        "agents of a round with the same prompt go to the server as one request with `n` "
+        "samples, at most this many per request (more agents: more requests); 1: one request "
+        "per agent. vLLM, SGLang, OpenAI (`n` <= 128) and llama.cpp's server take `n`, TGI's "
+        "Messages API does not. The request carries its first agent's seed: llama.cpp's "
+        "server samples choice i with seed + i, vLLM draws every choice from the one seed "
+        "([shared answers](shared-answers.md#what-each-back-end-can-expose)); at most 1,024"))
 
 
 class SamplingSettings(_Section):

@@ -24,6 +24,10 @@ Context: the prompt and the token budget must fit ``context_tokens`` (8,192 by d
 so an answer is never longer than a real server's could be. Regexes are matched without
 backtracking (``regex_automaton``): a pattern past its budget is refused as too complex.
 
+OpenAI requests may ask for ``n`` samples (not streamed): choice i is the answer with seed
+``seed + i``, as llama.cpp's server samples them (docs/shared-answers.md), and the prompt
+counts once in ``usage`` while the choices' tokens add up, as vLLM and OpenAI report them.
+
 Token counts are an approximation, there is no tokenizer here: a prompt counts one token
 per 4 characters (English text averages about 4 bytes per token with the Llama and GPT
 tokenizers), at least 1; an answer counts one token per character (numbers digit by digit,
@@ -55,6 +59,7 @@ MAX_STOP_SEQUENCES = 4
 MAX_TOP_N_TOKENS = 5  # TGI's --max-top-n-tokens default
 MAX_BEST_OF = 2  # TGI's --max-best-of default
 MAX_LOGPROBS = 20  # OpenAI's limit for logprobs / top_logprobs
+MAX_N = 1024  # samples per OpenAI request (vLLM has no cap; OpenAI's own is 128)
 
 #: path -> (route kind, error style): "tgi" errors are 422 {"error", "error_type"},
 #: "openai" errors are 400 {"error": {...}}.
@@ -232,10 +237,23 @@ class Generation:
     stream: bool
     body: dict
     prompt: str
+    #: choices 1..n-1 of an OpenAI request with ``n`` > 1: (text, finish) each
+    more: tuple[tuple[str, str], ...] = ()
 
     @property
     def tokens_out(self) -> int:
-        return len(self.text)
+        return len(self.text) + sum(len(t) for t, _ in self.more)
+
+    @property
+    def samples(self) -> int:
+        """Sequences decoded for it (OpenAI's ``n``)."""
+        return 1 + len(self.more)
+
+    @property
+    def longest_out(self) -> int:
+        """Tokens of its longest sample: the decode steps it runs."""
+        return max(len(self.text), *(len(t) for t, _ in self.more)) if self.more \
+            else len(self.text)
 
 
 def parse(kind: str, body: Any, context_tokens: int = MAX_TOTAL_TOKENS) -> Generation:
@@ -519,11 +537,13 @@ def _openai_generation(kind: str, body: dict, prompt: str, context_tokens: int) 
     n = body.get("n", 1)
     if n is None:
         n = 1
-    if not isinstance(n, int) or n != 1:
-        raise Invalid("only n = 1 is supported", "n")
+    if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_N:
+        raise Invalid(f"n must be an integer 1..{MAX_N}", "n")
     stream = body.get("stream") or False
     if not isinstance(stream, bool):
         raise Invalid("stream must be a boolean", "stream")
+    if stream and n > 1:
+        raise Invalid("n > 1 is not streamed by simpipe servers", "n")
     if body.get("stream_options") is not None and not stream:
         raise Invalid("stream_options is only allowed with stream = true", "stream_options")
     if body.get("grammar") is not None and body.get("json_schema") is not None:
@@ -547,25 +567,36 @@ def _openai_generation(kind: str, body: dict, prompt: str, context_tokens: int) 
     min_tokens = body.get("min_tokens") or 0
     if not isinstance(min_tokens, int) or min_tokens < 0 or min_tokens > max_tokens:
         raise Invalid("min_tokens must be an integer 0..max_tokens", "min_tokens")
-    text = _answer(seed, prompt, regex, max_tokens, "openai")
-    text, finish = _cut(text, stop, max_tokens)
-    # vLLM's extensions that fix the output length (its own benchmarks send ignore_eos):
-    # the answer goes on with spaces, as a model that may not stop goes on with something.
-    if body.get("ignore_eos"):
-        text, finish = text.ljust(max_tokens), "length"
-    elif len(text) < min_tokens:
-        text = text.ljust(min_tokens)
+    samples = []
+    for i in range(n):
+        # choice i as llama.cpp's server samples it: seed + i
+        text = _answer(seed + i if seed is not None else (i or None), prompt, regex,
+                       max_tokens, "openai")
+        text, finish = _cut(text, stop, max_tokens)
+        # vLLM's extensions that fix the output length (its own benchmarks send
+        # ignore_eos): the answer goes on with spaces, as a model that may not stop goes
+        # on with something.
+        if body.get("ignore_eos"):
+            text, finish = text.ljust(max_tokens), "length"
+        elif len(text) < min_tokens:
+            text = text.ljust(min_tokens)
+        samples.append((text, finish))
+    text, finish = samples[0]
     # Only what the answer shows is kept: a request may wait in a queue for long.
     options = body.get("stream_options")
     shown = {"model": body.get("model"), "echo": body.get("echo"),
              "logprobs": body.get("logprobs"), "top_logprobs": body.get("top_logprobs"),
              "stream_options": {"include_usage": bool(options.get("include_usage"))}
              if isinstance(options, dict) else None}
-    return Generation(kind, text, finish, n_in, seed, stream, shown, prompt)
+    return Generation(kind, text, finish, n_in, seed, stream, shown, prompt, tuple(samples[1:]))
 
 
 def _finish(gen: Generation) -> str:
-    return "length" if gen.finish == "length" else "stop"
+    return _openai_finish(gen.finish)
+
+
+def _openai_finish(finish: str) -> str:
+    return "length" if finish == "length" else "stop"
 
 
 def _usage(gen: Generation) -> dict:
@@ -584,37 +615,41 @@ def _envelope(gen: Generation, obj: str, choices: list[dict]) -> dict:
     }
 
 
-def _completion_logprobs(gen: Generation) -> dict | None:
+def _completion_logprobs(gen: Generation, text: str) -> dict | None:
     k = gen.body.get("logprobs")
     if k is None:
         return None
-    tokens = list(gen.text)
+    tokens = list(text)
     return {"tokens": tokens, "token_logprobs": [-0.5] * len(tokens),
             "text_offset": list(range(len(tokens))),
             "top_logprobs": [{t: -0.5} for t in tokens] if k else None}
 
 
-def _chat_logprobs(gen: Generation) -> dict | None:
+def _chat_logprobs(gen: Generation, text: str) -> dict | None:
     if not gen.body.get("logprobs"):
         return None
     top = gen.body.get("top_logprobs") or 0
     entries = []
-    for ch in gen.text:
+    for ch in text:
         entry = {"token": ch, "logprob": -0.5, "bytes": list(ch.encode())}
         entries.append({**entry, "top_logprobs": [entry] if top else []})
     return {"content": entries, "refusal": None}
 
 
 def _openai_answer(gen: Generation) -> dict:
-    if gen.kind == "completion":
-        prefix = gen.prompt if gen.body.get("echo") else ""
-        choice = {"index": 0, "text": prefix + gen.text, "logprobs": _completion_logprobs(gen),
-                  "finish_reason": _finish(gen)}
-        out = _envelope(gen, "text_completion", [choice])
-    else:
-        choice = {"index": 0, "message": {"role": "assistant", "content": gen.text},
-                  "logprobs": _chat_logprobs(gen), "finish_reason": _finish(gen)}
-        out = _envelope(gen, "chat.completion", [choice])
+    choices = []
+    for i, (text, finish) in enumerate(((gen.text, gen.finish), *gen.more)):
+        if gen.kind == "completion":
+            prefix = gen.prompt if gen.body.get("echo") else ""
+            choices.append({"index": i, "text": prefix + text,
+                            "logprobs": _completion_logprobs(gen, text),
+                            "finish_reason": _openai_finish(finish)})
+        else:
+            choices.append({"index": i, "message": {"role": "assistant", "content": text},
+                            "logprobs": _chat_logprobs(gen, text),
+                            "finish_reason": _openai_finish(finish)})
+    out = _envelope(gen, "text_completion" if gen.kind == "completion" else "chat.completion",
+                    choices)
     out["usage"] = _usage(gen)
     return out
 

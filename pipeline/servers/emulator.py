@@ -263,8 +263,9 @@ class Emulator:
                 gpu.scheduler.rejected += 1
                 return contract.queue_full(style, self._max_queued_bytes)
             fut = self._loop.create_future()  # type: ignore[union-attr]
+            # n samples: one prefill, n sequences decoding (emulator_model)
             if not gpu.scheduler.submit(self._now(), (fut, gen, cost), gen.tokens_in,
-                                        gen.tokens_out):
+                                        gen.longest_out, gen.samples, gen.tokens_out):
                 return contract.overloaded()
             self._queued_bytes += cost
             due = self._due(gpu)
