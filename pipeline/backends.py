@@ -195,7 +195,8 @@ BACKENDS: dict[str, BackendPlugin] = {plugin.name: plugin for plugin in (
                   request_model=lambda s: s.model,
                   share_limit="OpenAI-compatible servers cap the top log-probabilities (vLLM: "
                               "20) and differ in whether they are taken before or after "
-                              "sampling; not implemented",
+                              "sampling; not implemented (agents with one prompt can share "
+                              "a request instead: agents.openai.n_per_request)",
                   label=lambda table, game: f"openai:{table.get('model', 'default')}"),
 )}
 #: ``agents.backend`` when the config names none.

@@ -184,7 +184,7 @@ class OpenAISettings(HttpSettings):
         "per agent. vLLM, SGLang, OpenAI (`n` <= 128) and llama.cpp's server take `n`, TGI's "
         "Messages API does not. The request carries its first agent's seed: llama.cpp's "
         "server samples choice i with seed + i, vLLM draws every choice from the one seed "
-        "([shared answers](shared-answers.md#what-each-back-end-can-expose)); at most 1,024"))
+        "([shared answers](shared-answers.md#several-samples-per-request-n)); at most 1,024"))
 
 
 class SamplingSettings(_Section):
