@@ -147,16 +147,16 @@ def llama():
         yield server
 
 
-def _answers(url: str, n_per_request: int, agents: int, temperature: float = 1.0) -> list[int]:
-    distinct = [GenerationRequest(prompt=PROMPT, max_tokens=4, temperature=temperature,
-                                  constraint=NUMBER)]
+def _answers(url: str, n_per_request: int, agents: int, temperature: float = 1.0) -> list[str]:
+    # Unconstrained, two tokens: GBNF costs llama.cpp more than half its speed, and the
+    # test compares distributions of whatever text comes back.
+    distinct = [GenerationRequest(prompt=PROMPT, max_tokens=2, temperature=temperature)]
     codes = np.zeros(agents, dtype=np.int64)
     # spread seeds, so per-agent calls are not the consecutive seeds of one n-request
     seeds = (np.arange(agents, dtype=np.int64) * 7919 + 13) % (2**31 - 1)
 
     async def go():
         backend = OpenAIBackend(OpenAISettings(endpoints=[url], max_concurrency=4,
-                                               constraint="grammar",
                                                n_per_request=n_per_request))
         cols = await backend.generate_many(distinct, codes, seeds)
         await backend.aclose()
@@ -164,10 +164,10 @@ def _answers(url: str, n_per_request: int, agents: int, temperature: float = 1.0
 
     cols = asyncio.run(go())
     assert cols.error == [None] * agents, cols.error[:3]
-    return [int(t) for t in cols.text]
+    return [t.strip() for t in cols.text]
 
 
-def _p_same(a: list[int], b: list[int]) -> float:
+def _p_same(a: list[str], b: list[str]) -> float:
     """Chi-square test of homogeneity over answers pooled so each cell expects >= 5."""
     values, counts = np.unique(a + b, return_counts=True)
     keep = {v for v, c in zip(values, counts, strict=True) if c >= 10}
@@ -181,13 +181,13 @@ def _p_same(a: list[int], b: list[int]) -> float:
 @pytest.mark.slow
 @pytest.mark.llm
 def test_answers_shared_by_n_match_per_agent_calls_through_the_real_server(llama):
-    """300 agents with one prompt: 300 requests, against 19 requests with n = 16. The two
+    """200 agents with one prompt: 200 requests, against 13 requests with n = 16. The two
     answer distributions agree (chi-square, fixed seeds); the same test tells temperature 1
     from 0.3 (its power), and the same seeds give the same answers again."""
-    agents = 300
+    agents = 200
     per_agent = _answers(llama.url, 1, agents)
     shared = _answers(llama.url, 16, agents)
     colder = _answers(llama.url, 16, agents, temperature=0.3)
     assert _p_same(per_agent, shared) > 0.001
     assert _p_same(per_agent, colder) < 0.001
-    assert len(set(shared)) > 5
+    assert len(set(shared)) > 5  # not one answer
