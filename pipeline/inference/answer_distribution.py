@@ -31,7 +31,11 @@ import numpy as np
 
 from simpipe.games.answer_format import IntegerAnswers
 from simpipe.inference.gguf_vocab import AnswerVocab
-from simpipe.inference.llamacpp_sampler import ChainSettings, TopLogprobs, next_token
+from simpipe.inference.llamacpp_sampler import ChainSettings, NextToken, TopLogprobs, next_token
+
+#: sampler(top, valid, n_unseen_valid, settings) -> NextToken | None: a server's sampler model
+Sampler = Callable[[TopLogprobs, frozenset[int] | set[int], int, ChainSettings],
+                   NextToken | None]
 
 #: probe(path, n) -> (the top-n raw log-probabilities after prompt + path, prompt tokens the
 #: model evaluated for it, tokens it generated)
@@ -87,8 +91,10 @@ class _Walk:
     prefixes it asks for with more tokens."""
 
     def __init__(self, probe: Probe, language: IntegerAnswers, vocab: AnswerVocab,
-                 settings: ChainSettings, max_tokens: int, prune_below: float) -> None:
+                 settings: ChainSettings, max_tokens: int, prune_below: float,
+                 sampler: Sampler = next_token) -> None:
         self.probe, self.language, self.vocab = probe, language, vocab
+        self.sampler = sampler
         self.settings, self.max_tokens, self.prune_below = settings, max_tokens, prune_below
         self.cost = Cost()
         self._memo: dict[tuple[tuple[int, ...], int], TopLogprobs] = {}
@@ -133,12 +139,12 @@ class _Walk:
                 top_n = RETRY_TOP_N if path in wide else DEFAULT_TOP_N
                 top = self._top(path, top_n)
                 seen = set(top.ids)
-                result = next_token(top, valid, sum(t not in seen for t in valid),
+                result = self.sampler(top, valid, sum(t not in seen for t in valid),
                                     self.settings)
                 if result is None and top_n < RETRY_TOP_N:
                     top = self._top(path, RETRY_TOP_N)
                     seen = set(top.ids)
-                    result = next_token(top, valid, sum(t not in seen for t in valid),
+                    result = self.sampler(top, valid, sum(t not in seen for t in valid),
                                         self.settings)
                 if result is None:
                     raise TooMuchUnseen(f"prefix {text!r}: even the top {RETRY_TOP_N} tokens "
@@ -160,7 +166,8 @@ class _Walk:
 def answer_distribution(probe: Probe, language: IntegerAnswers, vocab: AnswerVocab,
                         settings: ChainSettings, max_tokens: int, *,
                         max_unseen: float = 1e-4,
-                        prune_below: float = PRUNE_BELOW) -> AnswerDistribution:
+                        prune_below: float = PRUNE_BELOW,
+                        sampler: Sampler = next_token) -> AnswerDistribution:
     """The answer distribution of one prompt; raises TooMuchUnseen (with the cost spent)
     when more than ``max_unseen`` of it cannot be pinned down.
 
@@ -168,7 +175,7 @@ def answer_distribution(probe: Probe, language: IntegerAnswers, vocab: AnswerVoc
     much unseen, the prefixes that contribute most are asked again for ``RETRY_TOP_N``
     (until the rest would fit in half the allowance) and the tree is walked again.
     """
-    walk = _Walk(probe, language, vocab, settings, max_tokens, prune_below)
+    walk = _Walk(probe, language, vocab, settings, max_tokens, prune_below, sampler)
     wide: set[tuple[int, ...]] = set()
     answers, unseen, shares = walk.run(frozenset())
     # Widening a prefix can reveal children that were unseen before, so repeat (a few

@@ -360,12 +360,32 @@ class EndpointPool:
         return (None, 0, 0, time.perf_counter() - t0 if t0 else 0.0, None,
                 ep.name if ep is not None else None, redact(error, self._token))
 
+    async def post_json(self, path: str, body: bytes) -> Any:
+        """One POST with the pool's retries and fail-over (and counters); the answer's JSON.
+        Raises ``RequestFailed`` with the reason when it fails."""
+        outcome = await self._send(self._state(), path, body, _json_and_usage)
+        if outcome[6] is not None:
+            raise RequestFailed(outcome[6])
+        return outcome[0]
+
     async def aclose(self) -> None:
         """Close this event loop's connections."""
         state = self._states.pop(asyncio.get_running_loop(), None)
         if state is not None:
             for conns in state.conns:
                 conns.close()
+
+
+class RequestFailed(RuntimeError):
+    """A ``post_json`` request failed; the message says why."""
+
+
+def _json_and_usage(data: Any, headers: Mapping[str, str]) -> tuple[Any, int, int, None]:
+    """The whole JSON answer, with its ``usage`` token counts where it has them."""
+    usage = data.get("usage") if type(data) is dict else None
+    usage = usage if type(usage) is dict else {}
+    t_in, t_out = usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0)
+    return (data, t_in if type(t_in) is int else 0, t_out if type(t_out) is int else 0, None)
 
 
 def seed_template(encode: Encoder, req: GenerationRequest) -> tuple[str, bytes, bytes] | None:

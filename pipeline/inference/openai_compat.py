@@ -33,20 +33,25 @@ is evaluated once per request instead of once per agent. What the servers do wit
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
+from simpipe import aio
+from simpipe.inference import vllm_logprobs, vllm_sampler
 from simpipe.inference.answer_checks import (
     MalformedAnswer,
     checked_answer,
     json_object,
     not_an_object,
 )
+from simpipe.inference.answer_distribution import Probe, ProbeError
 from simpipe.inference.base import AnswerColumns, GenerationRequest, OutputConstraint
-from simpipe.inference.http import HttpBackend, seed_template
+from simpipe.inference.gguf_vocab import AnswerVocab
+from simpipe.inference.http import HttpBackend, RequestFailed, seed_template
 from simpipe.inference.settings import OpenAISettings
 
 # json.dumps with its cached default encoder measured fastest (ASCII escapes are valid JSON).
@@ -63,6 +68,42 @@ class OpenAIBackend(HttpBackend):
         self._model = settings.model
         self._chat = settings.api == "chat"
         self._constraint = settings.constraint
+        # Answer distributions over HTTP: only where the servers' kind is known.
+        self.supports_answer_distributions = settings.answer_distributions == "vllm"
+        self.answer_sampler = vllm_sampler.next_token
+        self._vocabs: dict[frozenset[str], AnswerVocab] = {}
+
+    @classmethod
+    def shares_answers(cls, settings: Any) -> bool:
+        return settings.answer_distributions == "vllm"
+
+    def _post(self, path: str, body: dict) -> Any:
+        """One request from a worker thread, through the pool (retries, counters)."""
+        try:
+            return aio.run_async(self._pool.post_json(path, _dumps(body).encode()))
+        except RequestFailed as exc:
+            raise ProbeError(f"{path}: {exc}") from None
+
+    def _post_many(self, path: str, bodies: list[dict]) -> list[Any]:
+        try:
+            return aio.run_async(vllm_logprobs.gather_posts(self._pool.post_json, path, bodies))
+        except RequestFailed as exc:
+            raise ProbeError(f"{path}: {exc}") from None
+
+    def answer_vocab(self, alphabet: frozenset[str]) -> AnswerVocab:
+        """The answer tokens and end-of-generation ids, from the server's ``/tokenize``
+        (asked once per alphabet and back-end)."""
+        vocab = self._vocabs.get(alphabet)
+        if vocab is None:
+            vocab = self._vocabs[alphabet] = vllm_logprobs.answer_vocab(
+                self._post_many, self._model, alphabet)
+        return vocab
+
+    @contextlib.contextmanager
+    def logprob_session(self, prompt: str) -> Iterator[Probe]:
+        """``probe(path, top_n)`` after ``prompt`` (``vllm_logprobs.session``)."""
+        yield from vllm_logprobs.session(self._post, self._model, prompt,
+                                         self.settings.max_logprobs)
 
     def _encode(self, req: GenerationRequest, n: int = 1) -> tuple[str, bytes]:
         body: dict[str, Any] = {"model": self._model}

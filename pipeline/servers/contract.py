@@ -37,6 +37,7 @@ end-of-sequence token is not counted.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import zlib
 from collections.abc import Callable
@@ -44,6 +45,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from simpipe.games.answer_format import ANSWER_MARKER
+from simpipe.servers import synthetic_tokens
 from simpipe.servers.http import HttpRequest, HttpResponse
 from simpipe.servers.regex_automaton import (
     Automaton,
@@ -239,6 +241,8 @@ class Generation:
     prompt: str
     #: choices 1..n-1 of an OpenAI request with ``n`` > 1: (text, finish) each
     more: tuple[tuple[str, str], ...] = ()
+    #: a completion prompt given as token ids with ``logprobs`` (a probe)
+    prompt_ids: tuple[int, ...] | None = None
 
     @property
     def tokens_out(self) -> int:
@@ -479,13 +483,31 @@ def tgi_info(max_concurrent: int, model_id: str, version: str,
 
 def _parse_completion(body: dict, context_tokens: int) -> Generation:
     prompt = body.get("prompt")
-    if not isinstance(prompt, str) or not prompt:
-        raise Invalid("'prompt' must be a non-empty string", "prompt")
+    ids = None
+    if isinstance(prompt, list) and prompt and all(
+            type(t) is int and 0 <= t < 2**31 for t in prompt):
+        # vLLM takes a prompt as token ids (what the answer-distribution probes send)
+        ids = tuple(prompt)
+        prompt = "ids:" + ",".join(map(str, ids))
+    elif not isinstance(prompt, str) or not prompt:
+        raise Invalid("'prompt' must be a non-empty string or a list of token ids", "prompt")
     logprobs = body.get("logprobs")
     if logprobs is not None and (not isinstance(logprobs, int) or isinstance(logprobs, bool)
                                  or not 0 <= logprobs <= MAX_LOGPROBS):
-        raise Invalid(f"logprobs must be an integer 0..{MAX_LOGPROBS}", "logprobs")
-    return _openai_generation("completion", body, prompt, context_tokens)
+        # vLLM's check against --max-logprobs (default 20)
+        raise Invalid(f"Requested sample logprobs of {logprobs}, which is greater than max "
+                      f"allowed: {MAX_LOGPROBS}" if isinstance(logprobs, int)
+                      else f"logprobs must be an integer 0..{MAX_LOGPROBS}", "logprobs")
+    gen = _openai_generation("completion", body, prompt, context_tokens,
+                             None if ids is None else len(ids))
+    if ids is not None and logprobs:
+        # The answer of a log-probability probe: the most likely next token.
+        top = synthetic_tokens.top_logprobs(ids, logprobs)
+        text = synthetic_tokens.token_text(top[0][0])
+        gen = dataclasses.replace(gen, text=text, finish="length", prompt_ids=ids,
+                                  body={**gen.body, "return_tokens_as_token_ids":
+                                        bool(body.get("return_tokens_as_token_ids"))})
+    return gen
 
 
 def _parse_chat(body: dict, context_tokens: int) -> Generation:
@@ -509,11 +531,12 @@ def _parse_chat(body: dict, context_tokens: int) -> Generation:
     return _openai_generation("chat", body, "".join(parts), context_tokens)
 
 
-def _openai_generation(kind: str, body: dict, prompt: str, context_tokens: int) -> Generation:
+def _openai_generation(kind: str, body: dict, prompt: str, context_tokens: int,
+                       n_in: int | None = None) -> Generation:
     max_tokens = body.get("max_tokens", body.get("max_completion_tokens", 16))
     if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
         raise Invalid("max_tokens must be at least 1", "max_tokens")
-    n_in = prompt_tokens(prompt)
+    n_in = prompt_tokens(prompt) if n_in is None else n_in
     if n_in >= context_tokens:  # vLLM's words
         raise Invalid(f"This model's maximum context length is {context_tokens} tokens. "
                       f"However, your request has {n_in} input tokens. Please reduce the "
@@ -619,6 +642,17 @@ def _completion_logprobs(gen: Generation, text: str) -> dict | None:
     k = gen.body.get("logprobs")
     if k is None:
         return None
+    if gen.prompt_ids is not None and k:
+        # vLLM's CompletionLogProbs of one generated token; with
+        # return_tokens_as_token_ids its tokens are written "token_id:<id>".
+        top = synthetic_tokens.top_logprobs(gen.prompt_ids, k)
+        as_ids = gen.body.get("return_tokens_as_token_ids")
+
+        def name(tid: int) -> str:
+            return f"token_id:{tid}" if as_ids else synthetic_tokens.token_text(tid)
+
+        return {"tokens": [name(top[0][0])], "token_logprobs": [top[0][1]],
+                "text_offset": [0], "top_logprobs": [{name(t): lp for t, lp in top}]}
     tokens = list(text)
     return {"tokens": tokens, "token_logprobs": [-0.5] * len(tokens),
             "text_offset": list(range(len(tokens))),
@@ -681,6 +715,21 @@ def _openai_events(gen: Generation) -> list[Any]:
         events.append({**_envelope(gen, obj, []), "usage": _usage(gen)})
     events.append(b"data: [DONE]\n\n")
     return events
+
+
+def tokenize_response(body: Any, context_tokens: int) -> HttpResponse:
+    """vLLM's ``POST /tokenize`` (a completion-style body: ``prompt``, optional
+    ``add_special_tokens`` and ``return_token_strs``) with the synthetic tokenizer
+    (``synthetic_tokens``): ``{"count", "max_model_len", "tokens", "token_strs"}``."""
+    if not isinstance(body, dict) or not isinstance(body.get("prompt"), str):
+        return error_response("openai", "'prompt' must be a string", "prompt")
+    ids = synthetic_tokens.tokenize(body["prompt"])
+    if body.get("add_special_tokens", True) and body["prompt"] not in synthetic_tokens.SPECIALS:
+        ids = [synthetic_tokens.SPECIALS["<s>"], *ids]
+    strs = [synthetic_tokens.token_text(t) for t in ids] \
+        if body.get("return_token_strs") else None
+    return json_response({"count": len(ids), "max_model_len": context_tokens, "tokens": ids,
+                          "token_strs": strs})
 
 
 def models_list(model_id: str, owner: str) -> dict:
