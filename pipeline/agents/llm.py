@@ -258,7 +258,7 @@ class LLMAgents(AgentPolicy):
         with self.backend.logprob_chain() as probe_for:  # type: ignore[attr-defined]
             for prompt, members in lazy:
                 tree = LazyTree(probe_for(prompt), shape, settings,
-                                self.sampling.share_max_unseen)
+                                self.sampling.share_max_unseen, self.backend.answer_sampler)
                 texts: list[str | None] | None = None
                 try:
                     texts = list(tree.walk(uniforms[members]))

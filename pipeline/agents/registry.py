@@ -66,7 +66,8 @@ def process_engines() -> list[str]:
 
 def backend_supports_distributions(agents: AgentsConfig) -> bool:
     """Whether ``agents.backend`` can compute shared answer distributions (no model load)."""
-    return agents.plugin.is_llm and backend_class(agents.backend).supports_answer_distributions
+    return agents.plugin.is_llm and \
+        backend_class(agents.backend).shares_answers(agents.settings)
 
 
 def prompt_style(agents: AgentsConfig) -> str:

@@ -168,7 +168,8 @@ class SharedAnswers:
         try:
             with backend.logprob_session(prompt) as probe:  # type: ignore[attr-defined]
                 dist = answer_distribution(probe, language, vocab, settings, max_tokens,
-                                           max_unseen=max_unseen)
+                                           max_unseen=max_unseen,
+                                           sampler=backend.answer_sampler)
         except TooMuchUnseen as exc:
             c = exc.cost
             return Lookup(None, True, c.calls, c.tokens_in, c.tokens_out, str(exc))

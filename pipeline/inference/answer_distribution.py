@@ -40,6 +40,10 @@ from simpipe.inference.answer_tree import Path, TreeShape, draw_answers
 from simpipe.inference.gguf_vocab import AnswerVocab
 from simpipe.inference.llamacpp_sampler import ChainSettings, NextToken, TopLogprobs, next_token
 
+#: sampler(top, valid, n_unseen_valid, settings) -> NextToken | None: a server's sampler model
+Sampler = Callable[[TopLogprobs, frozenset[int] | set[int], int, ChainSettings],
+                   NextToken | None]
+
 #: probe(path, n) -> (the top-n raw log-probabilities after prompt + path, prompt tokens the
 #: model evaluated for it, tokens it generated)
 Probe = Callable[[tuple[int, ...], int], tuple[TopLogprobs, int, int]]
@@ -106,8 +110,8 @@ class _Walk:
     prefixes it asks for with more tokens."""
 
     def __init__(self, probe: Probe, shape: TreeShape, settings: ChainSettings,
-                 prune_below: float) -> None:
-        self.probe, self.shape = probe, shape
+                 prune_below: float, sampler: Sampler = next_token) -> None:
+        self.probe, self.shape, self.sampler = probe, shape, sampler
         self.settings, self.prune_below = settings, prune_below
         self.cost = Cost()
         self._memo: dict[tuple[tuple[int, ...], int], TopLogprobs] = {}
@@ -131,7 +135,8 @@ class _Walk:
         while True:
             top = self._top(path, top_n)
             seen = set(top.ids)
-            result = next_token(top, valid, sum(t not in seen for t in valid), self.settings)
+            result = self.sampler(top, valid, sum(t not in seen for t in valid),
+                                  self.settings)
             if result is not None:
                 return result
             if top_n >= RETRY_TOP_N:
@@ -187,12 +192,12 @@ class LazyTree:
     """
 
     def __init__(self, probe: Probe, shape: TreeShape, settings: ChainSettings,
-                 max_unseen: float = 1e-4) -> None:
+                 max_unseen: float = 1e-4, sampler: Sampler = next_token) -> None:
         self.shape = shape
         self.max_unseen = max_unseen
         self.nodes: dict[Path, NextToken] = {}
         self.unseen_mass = 0.0
-        self._walk = _Walk(probe, shape, settings, 0.0)
+        self._walk = _Walk(probe, shape, settings, 0.0, sampler)
 
     @property
     def cost(self) -> Cost:
@@ -220,7 +225,8 @@ class LazyTree:
 def answer_distribution(probe: Probe, language: IntegerAnswers, vocab: AnswerVocab,
                         settings: ChainSettings, max_tokens: int, *,
                         max_unseen: float = 1e-4,
-                        prune_below: float = PRUNE_BELOW) -> AnswerDistribution:
+                        prune_below: float = PRUNE_BELOW,
+                        sampler: Sampler = next_token) -> AnswerDistribution:
     """The answer distribution of one prompt; raises TooMuchUnseen (with the cost spent)
     when more than ``max_unseen`` of it cannot be pinned down.
 
@@ -229,7 +235,7 @@ def answer_distribution(probe: Probe, language: IntegerAnswers, vocab: AnswerVoc
     (until the rest would fit in half the allowance) and the tree is walked again.
     """
     shape = TreeShape(language, vocab, max_tokens)
-    walk = _Walk(probe, shape, settings, prune_below)
+    walk = _Walk(probe, shape, settings, prune_below, sampler)
     wide: set[tuple[int, ...]] = set()
     answers, unseen, shares, nodes = walk.run(frozenset())
     # Widening a prefix can reveal children that were unseen before, so repeat (a few

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
+
+from simpipe.inference.llamacpp_sampler import next_token as llamacpp_next_token
 
 
 @dataclass(frozen=True)
@@ -143,6 +145,16 @@ class Backend(abc.ABC):
     #: ``answer_vocab``): what sharing one answer distribution per distinct prompt needs.
     #: Why the others cannot is in docs/shared-answers.md ("What each back-end can expose").
     supports_answer_distributions: bool = False
+
+    #: The server's sampler as a model (``next_token`` of ``llamacpp_sampler`` or
+    #: ``vllm_sampler``): what the answer-distribution walk applies to the probed tokens.
+    answer_sampler: Callable[..., Any] = staticmethod(llamacpp_next_token)
+
+    @classmethod
+    def shares_answers(cls, settings: Any) -> bool:
+        """Whether a back-end with these settings can compute shared answer distributions
+        (without building it)."""
+        return cls.supports_answer_distributions
 
     @abc.abstractmethod
     async def generate(self, requests: Sequence[GenerationRequest], *,

@@ -201,6 +201,35 @@ class EndpointPool:
         await self._drive(n, job, decode, store)
         return out
 
+    async def run_groups(self, groups: Sequence[list[int]],
+                         job: Callable[[int], tuple[str, bytes] | str], decode: Decoder,
+                         out: AnswerColumns) -> None:
+        """One request per group of agents (``job(g)``: the body of group ``g``, asking for
+        ``len(groups[g])`` samples); ``decode`` gives ``(texts, tokens_in, tokens_out,
+        finishes)`` with one text and finish per sample, which go to the group's agents in
+        order. Tokens are split over the group (whole tokens, sums exact), so column sums
+        stay what the servers reported; a failed request is every member's error."""
+        text, tokens_in, tokens_out = out.text, out.tokens_in, out.tokens_out
+        latency, finish, error = out.latency_s, out.finish, out.error
+
+        def store(g: int, o: Outcome) -> None:
+            members = groups[g]
+            texts, t_in, t_out, lat, fins, _, err = o
+            k = len(members)
+            if err is None and (len(texts) != k or len(fins) != k):  # type: ignore[arg-type]
+                err = f"malformed answer: {len(texts)} choices for n = {k}"  # type: ignore[arg-type]
+            for j, i in enumerate(members):
+                latency[i] = lat
+                if err is not None:
+                    error[i] = err
+                    continue
+                text[i] = texts[j]  # type: ignore[index]
+                finish[i] = fins[j]  # type: ignore[index]
+                tokens_in[i] = t_in // k + (j < t_in % k)
+                tokens_out[i] = t_out // k + (j < t_out % k)
+
+        await self._drive(len(groups), job, decode, store)
+
     async def _drive(self, n: int, job: Callable[[int], tuple[str, bytes] | str],
                      decode: Decoder, store: Callable[[int, Outcome], None]) -> None:
         """Send ``job(i)`` for every ``i < n`` on a fixed set of worker coroutines (no task
@@ -331,12 +360,32 @@ class EndpointPool:
         return (None, 0, 0, time.perf_counter() - t0 if t0 else 0.0, None,
                 ep.name if ep is not None else None, redact(error, self._token))
 
+    async def post_json(self, path: str, body: bytes) -> Any:
+        """One POST with the pool's retries and fail-over (and counters); the answer's JSON.
+        Raises ``RequestFailed`` with the reason when it fails."""
+        outcome = await self._send(self._state(), path, body, _json_and_usage)
+        if outcome[6] is not None:
+            raise RequestFailed(outcome[6])
+        return outcome[0]
+
     async def aclose(self) -> None:
         """Close this event loop's connections."""
         state = self._states.pop(asyncio.get_running_loop(), None)
         if state is not None:
             for conns in state.conns:
                 conns.close()
+
+
+class RequestFailed(RuntimeError):
+    """A ``post_json`` request failed; the message says why."""
+
+
+def _json_and_usage(data: Any, headers: Mapping[str, str]) -> tuple[Any, int, int, None]:
+    """The whole JSON answer, with its ``usage`` token counts where it has them."""
+    usage = data.get("usage") if type(data) is dict else None
+    usage = usage if type(usage) is dict else {}
+    t_in, t_out = usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0)
+    return (data, t_in if type(t_in) is int else 0, t_out if type(t_out) is int else 0, None)
 
 
 def seed_template(encode: Encoder, req: GenerationRequest) -> tuple[str, bytes, bytes] | None:

@@ -23,22 +23,35 @@ Output constraints (``settings.constraint``), from the servers' sources:
   ``/v1/completions`` ignores OpenAI's ``response_format`` (measured: unconstrained text),
   which is why the schema goes as top-level ``json_schema``.
 - ``"none"``: no constraint; the tolerant parser does the work.
+
+Several samples per request (``n_per_request`` > 1): a round's agents with the same request
+are grouped (in agent order, at most ``n_per_request`` each) and each group is one request
+with ``"n": k`` and its first agent's seed; choice j goes to the group's agent j. The prompt
+is evaluated once per request instead of once per agent. What the servers do with ``n`` and
+``seed`` is in docs/shared-answers.md ("What each back-end can expose").
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
+from simpipe import aio
+from simpipe.inference import vllm_logprobs, vllm_sampler
 from simpipe.inference.answer_checks import (
     MalformedAnswer,
     checked_answer,
     json_object,
     not_an_object,
 )
-from simpipe.inference.base import GenerationRequest, OutputConstraint
-from simpipe.inference.http import HttpBackend
+from simpipe.inference.answer_distribution import Probe, ProbeError
+from simpipe.inference.base import AnswerColumns, GenerationRequest, OutputConstraint
+from simpipe.inference.gguf_vocab import AnswerVocab
+from simpipe.inference.http import HttpBackend, RequestFailed, seed_template
 from simpipe.inference.settings import OpenAISettings
 
 # json.dumps with its cached default encoder measured fastest (ASCII escapes are valid JSON).
@@ -55,8 +68,44 @@ class OpenAIBackend(HttpBackend):
         self._model = settings.model
         self._chat = settings.api == "chat"
         self._constraint = settings.constraint
+        # Answer distributions over HTTP: only where the servers' kind is known.
+        self.supports_answer_distributions = settings.answer_distributions == "vllm"
+        self.answer_sampler = vllm_sampler.next_token
+        self._vocabs: dict[frozenset[str], AnswerVocab] = {}
 
-    def _encode(self, req: GenerationRequest) -> tuple[str, bytes]:
+    @classmethod
+    def shares_answers(cls, settings: Any) -> bool:
+        return settings.answer_distributions == "vllm"
+
+    def _post(self, path: str, body: dict) -> Any:
+        """One request from a worker thread, through the pool (retries, counters)."""
+        try:
+            return aio.run_async(self._pool.post_json(path, _dumps(body).encode()))
+        except RequestFailed as exc:
+            raise ProbeError(f"{path}: {exc}") from None
+
+    def _post_many(self, path: str, bodies: list[dict]) -> list[Any]:
+        try:
+            return aio.run_async(vllm_logprobs.gather_posts(self._pool.post_json, path, bodies))
+        except RequestFailed as exc:
+            raise ProbeError(f"{path}: {exc}") from None
+
+    def answer_vocab(self, alphabet: frozenset[str]) -> AnswerVocab:
+        """The answer tokens and end-of-generation ids, from the server's ``/tokenize``
+        (asked once per alphabet and back-end)."""
+        vocab = self._vocabs.get(alphabet)
+        if vocab is None:
+            vocab = self._vocabs[alphabet] = vllm_logprobs.answer_vocab(
+                self._post_many, self._model, alphabet)
+        return vocab
+
+    @contextlib.contextmanager
+    def logprob_session(self, prompt: str) -> Iterator[Probe]:
+        """``probe(path, top_n)`` after ``prompt`` (``vllm_logprobs.session``)."""
+        yield from vllm_logprobs.session(self._post, self._model, prompt,
+                                         self.settings.max_logprobs)
+
+    def _encode(self, req: GenerationRequest, n: int = 1) -> tuple[str, bytes]:
         body: dict[str, Any] = {"model": self._model}
         if req.messages is not None:
             path = "/v1/chat/completions"
@@ -77,6 +126,8 @@ class OpenAIBackend(HttpBackend):
         if req.min_p > 0:
             body["min_p"] = req.min_p
         body["seed"] = req.seed
+        if n > 1:  # absent at 1, so a lone agent's body is the per-agent one
+            body["n"] = n
         if req.stop:
             body["stop"] = list(req.stop)
         if req.constraint is not None and self._constraint != "none":
@@ -85,6 +136,83 @@ class OpenAIBackend(HttpBackend):
 
     def _decode(self, data: Any, headers: Mapping[str, str]) -> tuple[str, int, int, str | None]:
         return decode_openai_answer(data)
+
+    async def generate_many(self, distinct: Sequence[GenerationRequest], codes: np.ndarray,
+                            seeds: np.ndarray, *, reproducible: bool = False) -> AnswerColumns:
+        cap = self.settings.n_per_request
+        if cap <= 1:
+            return await super().generate_many(distinct, codes, seeds,
+                                               reproducible=reproducible)
+        groups = sample_groups(codes, cap)
+        seed_of = seeds.tolist()
+        code_of = codes.tolist()
+        templates: dict[tuple[int, int], tuple[str, bytes, bytes] | str | None] = {}
+
+        def job(g: int) -> tuple[str, bytes] | str:
+            members = groups[g]
+            code, k = code_of[members[0]], len(members)
+            template = templates.get((code, k), "")
+            if template == "":
+                template = templates[code, k] = _n_template(self, distinct[code], k)
+            if type(template) is tuple:
+                path, head, tail = template
+                return path, b"%s%d%s" % (head, seed_of[members[0]], tail)
+            return template or "cannot encode request: no seed in the body"  # type: ignore[return-value]
+
+        out = AnswerColumns(len(codes))
+        await self._pool.run_groups(groups, job, _decode_choices, out)
+        return out
+
+
+def sample_groups(codes: np.ndarray, cap: int) -> list[list[int]]:
+    """Agents (indices) grouped by their distinct request, in agent order within each,
+    cut into groups of at most ``cap``: the same codes give the same groups every run."""
+    order = np.argsort(codes, kind="stable")
+    if len(order) == 0:
+        return []
+    sorted_codes = codes[order]
+    cuts = np.flatnonzero(sorted_codes[1:] != sorted_codes[:-1]) + 1
+    groups: list[list[int]] = []
+    for run in np.split(order, cuts):
+        members = run.tolist()
+        groups.extend(members[i:i + cap] for i in range(0, len(members), cap))
+    return groups
+
+
+def _n_template(backend: OpenAIBackend, req: GenerationRequest,
+                n: int) -> tuple[str, bytes, bytes] | str | None:
+    try:
+        return seed_template(lambda r: backend._encode(r, n), req)
+    except (ValueError, TypeError) as exc:
+        return f"cannot encode request: {exc}"
+
+
+def _decode_choices(data: Any, headers: Mapping[str, str]) -> tuple[Any, int, int, Any]:
+    """``(texts, tokens_in, tokens_out, finish_reasons)`` of an answer with ``n`` choices,
+    in the order of their ``index``; ``MalformedAnswer`` as ``decode_openai_answer``."""
+    if type(data) is not dict:
+        raise not_an_object(data, "the answer")
+    choices = data.get("choices")
+    if type(choices) is not list or not choices:
+        raise MalformedAnswer("choices is not a non-empty list")
+    texts, finishes = [], []
+    tokens_in = tokens_out = 0
+    for j, choice in enumerate(sorted(choices, key=_choice_index)):
+        if _choice_index(choice) != j:
+            raise MalformedAnswer(f"choices[{j}].index is not {j}")
+        text, t_in, t_out, fin = decode_openai_answer({"choices": [choice],
+                                                       "usage": data.get("usage")})
+        texts.append(text)
+        finishes.append(fin)
+        tokens_in, tokens_out = t_in, t_out  # usage is the whole request's
+    return tuple(texts), tokens_in, tokens_out, tuple(finishes)
+
+
+def _choice_index(choice: Any) -> int:
+    index = choice.get("index") if type(choice) is dict else None
+    if type(index) is not int:
+        raise MalformedAnswer("a choice has no integer index")
+    return index
 
 
 def decode_openai_answer(data: Any) -> tuple[str, int, int, str | None]:

@@ -26,6 +26,8 @@ MAX_CONCURRENCY = 4096
 MAX_RETRIES = 100
 MAX_TIMEOUT_S = 86_400.0
 MAX_BACKOFF_S = 3600.0
+# vLLM does not cap ``n``; OpenAI's API caps it at 128; past this, more requests do better.
+MAX_N_PER_REQUEST = 1024
 MODEL_KEY = "agents.llamacpp.model_path"
 GGUF_MAGIC = b"GGUF"
 _GGUF_HEADER_BYTES = 24  # magic, version (u32), tensor count (u64), metadata count (u64)
@@ -176,6 +178,23 @@ class OpenAISettings(HttpSettings):
             "how the server is told the answer's format: `auto` (llama.cpp's `grammar` and "
             "vLLM's `structured_outputs.regex` together), `grammar` (GBNF, llama.cpp), "
             "`json_schema` (llama.cpp), `guided_regex` (vLLM), `none` (the parser alone)"))
+    n_per_request: StrictInt = Field(1, ge=1, le=MAX_N_PER_REQUEST, description=(
+        "agents of a round with the same prompt go to the server as one request with `n` "
+        "samples, at most this many per request (more agents: more requests); 1: one request "
+        "per agent. vLLM, SGLang, OpenAI (`n` <= 128) and llama.cpp's server take `n`, TGI's "
+        "Messages API does not. The request carries its first agent's seed: llama.cpp's "
+        "server samples choice i with seed + i, vLLM draws every choice from the one seed "
+        "([shared answers](shared-answers.md#several-samples-per-request-n)); at most 1,024"))
+    answer_distributions: Literal["off", "vllm"] = Field("off", description=(
+        "`vllm`: the servers are vLLM, and agents with one prompt draw from one answer "
+        "distribution computed from next-token log-probabilities (`/tokenize`, then "
+        "`/v1/completions` with token-id prompts, `logprobs` and "
+        "`return_tokens_as_token_ids`; vLLM's sampler order); `off`: one request per agent "
+        "([shared answers](shared-answers.md#answer-distributions-over-http))"))
+    max_logprobs: StrictInt = Field(20, ge=1, le=MAX_TOP_K, description=(
+        "the servers' `--max-logprobs` (vLLM's default: 20): the most top log-probabilities "
+        "one probe asks for; raise both for models whose answer tokens are not all among "
+        "the top 20"))
 
 
 class SamplingSettings(_Section):

@@ -24,6 +24,10 @@ Context: the prompt and the token budget must fit ``context_tokens`` (8,192 by d
 so an answer is never longer than a real server's could be. Regexes are matched without
 backtracking (``regex_automaton``): a pattern past its budget is refused as too complex.
 
+OpenAI requests may ask for ``n`` samples (not streamed): choice i is the answer with seed
+``seed + i``, as llama.cpp's server samples them (docs/shared-answers.md), and the prompt
+counts once in ``usage`` while the choices' tokens add up, as vLLM and OpenAI report them.
+
 Token counts are an approximation, there is no tokenizer here: a prompt counts one token
 per 4 characters (English text averages about 4 bytes per token with the Llama and GPT
 tokenizers), at least 1; an answer counts one token per character (numbers digit by digit,
@@ -33,6 +37,7 @@ end-of-sequence token is not counted.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import zlib
 from collections.abc import Callable
@@ -40,6 +45,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from simpipe.games.answer_format import ANSWER_MARKER
+from simpipe.servers import synthetic_tokens
 from simpipe.servers.http import HttpRequest, HttpResponse
 from simpipe.servers.regex_automaton import (
     Automaton,
@@ -55,6 +61,7 @@ MAX_STOP_SEQUENCES = 4
 MAX_TOP_N_TOKENS = 5  # TGI's --max-top-n-tokens default
 MAX_BEST_OF = 2  # TGI's --max-best-of default
 MAX_LOGPROBS = 20  # OpenAI's limit for logprobs / top_logprobs
+MAX_N = 1024  # samples per OpenAI request (vLLM has no cap; OpenAI's own is 128)
 
 #: path -> (route kind, error style): "tgi" errors are 422 {"error", "error_type"},
 #: "openai" errors are 400 {"error": {...}}.
@@ -232,10 +239,25 @@ class Generation:
     stream: bool
     body: dict
     prompt: str
+    #: choices 1..n-1 of an OpenAI request with ``n`` > 1: (text, finish) each
+    more: tuple[tuple[str, str], ...] = ()
+    #: a completion prompt given as token ids with ``logprobs`` (a probe)
+    prompt_ids: tuple[int, ...] | None = None
 
     @property
     def tokens_out(self) -> int:
-        return len(self.text)
+        return len(self.text) + sum(len(t) for t, _ in self.more)
+
+    @property
+    def samples(self) -> int:
+        """Sequences decoded for it (OpenAI's ``n``)."""
+        return 1 + len(self.more)
+
+    @property
+    def longest_out(self) -> int:
+        """Tokens of its longest sample: the decode steps it runs."""
+        return max(len(self.text), *(len(t) for t, _ in self.more)) if self.more \
+            else len(self.text)
 
 
 def parse(kind: str, body: Any, context_tokens: int = MAX_TOTAL_TOKENS) -> Generation:
@@ -461,13 +483,31 @@ def tgi_info(max_concurrent: int, model_id: str, version: str,
 
 def _parse_completion(body: dict, context_tokens: int) -> Generation:
     prompt = body.get("prompt")
-    if not isinstance(prompt, str) or not prompt:
-        raise Invalid("'prompt' must be a non-empty string", "prompt")
+    ids = None
+    if isinstance(prompt, list) and prompt and all(
+            type(t) is int and 0 <= t < 2**31 for t in prompt):
+        # vLLM takes a prompt as token ids (what the answer-distribution probes send)
+        ids = tuple(prompt)
+        prompt = "ids:" + ",".join(map(str, ids))
+    elif not isinstance(prompt, str) or not prompt:
+        raise Invalid("'prompt' must be a non-empty string or a list of token ids", "prompt")
     logprobs = body.get("logprobs")
     if logprobs is not None and (not isinstance(logprobs, int) or isinstance(logprobs, bool)
                                  or not 0 <= logprobs <= MAX_LOGPROBS):
-        raise Invalid(f"logprobs must be an integer 0..{MAX_LOGPROBS}", "logprobs")
-    return _openai_generation("completion", body, prompt, context_tokens)
+        # vLLM's check against --max-logprobs (default 20)
+        raise Invalid(f"Requested sample logprobs of {logprobs}, which is greater than max "
+                      f"allowed: {MAX_LOGPROBS}" if isinstance(logprobs, int)
+                      else f"logprobs must be an integer 0..{MAX_LOGPROBS}", "logprobs")
+    gen = _openai_generation("completion", body, prompt, context_tokens,
+                             None if ids is None else len(ids))
+    if ids is not None and logprobs:
+        # The answer of a log-probability probe: the most likely next token.
+        top = synthetic_tokens.top_logprobs(ids, logprobs)
+        text = synthetic_tokens.token_text(top[0][0])
+        gen = dataclasses.replace(gen, text=text, finish="length", prompt_ids=ids,
+                                  body={**gen.body, "return_tokens_as_token_ids":
+                                        bool(body.get("return_tokens_as_token_ids"))})
+    return gen
 
 
 def _parse_chat(body: dict, context_tokens: int) -> Generation:
@@ -491,11 +531,12 @@ def _parse_chat(body: dict, context_tokens: int) -> Generation:
     return _openai_generation("chat", body, "".join(parts), context_tokens)
 
 
-def _openai_generation(kind: str, body: dict, prompt: str, context_tokens: int) -> Generation:
+def _openai_generation(kind: str, body: dict, prompt: str, context_tokens: int,
+                       n_in: int | None = None) -> Generation:
     max_tokens = body.get("max_tokens", body.get("max_completion_tokens", 16))
     if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
         raise Invalid("max_tokens must be at least 1", "max_tokens")
-    n_in = prompt_tokens(prompt)
+    n_in = prompt_tokens(prompt) if n_in is None else n_in
     if n_in >= context_tokens:  # vLLM's words
         raise Invalid(f"This model's maximum context length is {context_tokens} tokens. "
                       f"However, your request has {n_in} input tokens. Please reduce the "
@@ -519,11 +560,13 @@ def _openai_generation(kind: str, body: dict, prompt: str, context_tokens: int) 
     n = body.get("n", 1)
     if n is None:
         n = 1
-    if not isinstance(n, int) or n != 1:
-        raise Invalid("only n = 1 is supported", "n")
+    if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_N:
+        raise Invalid(f"n must be an integer 1..{MAX_N}", "n")
     stream = body.get("stream") or False
     if not isinstance(stream, bool):
         raise Invalid("stream must be a boolean", "stream")
+    if stream and n > 1:
+        raise Invalid("n > 1 is not streamed by simpipe servers", "n")
     if body.get("stream_options") is not None and not stream:
         raise Invalid("stream_options is only allowed with stream = true", "stream_options")
     if body.get("grammar") is not None and body.get("json_schema") is not None:
@@ -547,25 +590,36 @@ def _openai_generation(kind: str, body: dict, prompt: str, context_tokens: int) 
     min_tokens = body.get("min_tokens") or 0
     if not isinstance(min_tokens, int) or min_tokens < 0 or min_tokens > max_tokens:
         raise Invalid("min_tokens must be an integer 0..max_tokens", "min_tokens")
-    text = _answer(seed, prompt, regex, max_tokens, "openai")
-    text, finish = _cut(text, stop, max_tokens)
-    # vLLM's extensions that fix the output length (its own benchmarks send ignore_eos):
-    # the answer goes on with spaces, as a model that may not stop goes on with something.
-    if body.get("ignore_eos"):
-        text, finish = text.ljust(max_tokens), "length"
-    elif len(text) < min_tokens:
-        text = text.ljust(min_tokens)
+    samples = []
+    for i in range(n):
+        # choice i as llama.cpp's server samples it: seed + i
+        text = _answer(seed + i if seed is not None else (i or None), prompt, regex,
+                       max_tokens, "openai")
+        text, finish = _cut(text, stop, max_tokens)
+        # vLLM's extensions that fix the output length (its own benchmarks send
+        # ignore_eos): the answer goes on with spaces, as a model that may not stop goes
+        # on with something.
+        if body.get("ignore_eos"):
+            text, finish = text.ljust(max_tokens), "length"
+        elif len(text) < min_tokens:
+            text = text.ljust(min_tokens)
+        samples.append((text, finish))
+    text, finish = samples[0]
     # Only what the answer shows is kept: a request may wait in a queue for long.
     options = body.get("stream_options")
     shown = {"model": body.get("model"), "echo": body.get("echo"),
              "logprobs": body.get("logprobs"), "top_logprobs": body.get("top_logprobs"),
              "stream_options": {"include_usage": bool(options.get("include_usage"))}
              if isinstance(options, dict) else None}
-    return Generation(kind, text, finish, n_in, seed, stream, shown, prompt)
+    return Generation(kind, text, finish, n_in, seed, stream, shown, prompt, tuple(samples[1:]))
 
 
 def _finish(gen: Generation) -> str:
-    return "length" if gen.finish == "length" else "stop"
+    return _openai_finish(gen.finish)
+
+
+def _openai_finish(finish: str) -> str:
+    return "length" if finish == "length" else "stop"
 
 
 def _usage(gen: Generation) -> dict:
@@ -584,37 +638,52 @@ def _envelope(gen: Generation, obj: str, choices: list[dict]) -> dict:
     }
 
 
-def _completion_logprobs(gen: Generation) -> dict | None:
+def _completion_logprobs(gen: Generation, text: str) -> dict | None:
     k = gen.body.get("logprobs")
     if k is None:
         return None
-    tokens = list(gen.text)
+    if gen.prompt_ids is not None and k:
+        # vLLM's CompletionLogProbs of one generated token; with
+        # return_tokens_as_token_ids its tokens are written "token_id:<id>".
+        top = synthetic_tokens.top_logprobs(gen.prompt_ids, k)
+        as_ids = gen.body.get("return_tokens_as_token_ids")
+
+        def name(tid: int) -> str:
+            return f"token_id:{tid}" if as_ids else synthetic_tokens.token_text(tid)
+
+        return {"tokens": [name(top[0][0])], "token_logprobs": [top[0][1]],
+                "text_offset": [0], "top_logprobs": [{name(t): lp for t, lp in top}]}
+    tokens = list(text)
     return {"tokens": tokens, "token_logprobs": [-0.5] * len(tokens),
             "text_offset": list(range(len(tokens))),
             "top_logprobs": [{t: -0.5} for t in tokens] if k else None}
 
 
-def _chat_logprobs(gen: Generation) -> dict | None:
+def _chat_logprobs(gen: Generation, text: str) -> dict | None:
     if not gen.body.get("logprobs"):
         return None
     top = gen.body.get("top_logprobs") or 0
     entries = []
-    for ch in gen.text:
+    for ch in text:
         entry = {"token": ch, "logprob": -0.5, "bytes": list(ch.encode())}
         entries.append({**entry, "top_logprobs": [entry] if top else []})
     return {"content": entries, "refusal": None}
 
 
 def _openai_answer(gen: Generation) -> dict:
-    if gen.kind == "completion":
-        prefix = gen.prompt if gen.body.get("echo") else ""
-        choice = {"index": 0, "text": prefix + gen.text, "logprobs": _completion_logprobs(gen),
-                  "finish_reason": _finish(gen)}
-        out = _envelope(gen, "text_completion", [choice])
-    else:
-        choice = {"index": 0, "message": {"role": "assistant", "content": gen.text},
-                  "logprobs": _chat_logprobs(gen), "finish_reason": _finish(gen)}
-        out = _envelope(gen, "chat.completion", [choice])
+    choices = []
+    for i, (text, finish) in enumerate(((gen.text, gen.finish), *gen.more)):
+        if gen.kind == "completion":
+            prefix = gen.prompt if gen.body.get("echo") else ""
+            choices.append({"index": i, "text": prefix + text,
+                            "logprobs": _completion_logprobs(gen, text),
+                            "finish_reason": _openai_finish(finish)})
+        else:
+            choices.append({"index": i, "message": {"role": "assistant", "content": text},
+                            "logprobs": _chat_logprobs(gen, text),
+                            "finish_reason": _openai_finish(finish)})
+    out = _envelope(gen, "text_completion" if gen.kind == "completion" else "chat.completion",
+                    choices)
     out["usage"] = _usage(gen)
     return out
 
@@ -646,6 +715,21 @@ def _openai_events(gen: Generation) -> list[Any]:
         events.append({**_envelope(gen, obj, []), "usage": _usage(gen)})
     events.append(b"data: [DONE]\n\n")
     return events
+
+
+def tokenize_response(body: Any, context_tokens: int) -> HttpResponse:
+    """vLLM's ``POST /tokenize`` (a completion-style body: ``prompt``, optional
+    ``add_special_tokens`` and ``return_token_strs``) with the synthetic tokenizer
+    (``synthetic_tokens``): ``{"count", "max_model_len", "tokens", "token_strs"}``."""
+    if not isinstance(body, dict) or not isinstance(body.get("prompt"), str):
+        return error_response("openai", "'prompt' must be a string", "prompt")
+    ids = synthetic_tokens.tokenize(body["prompt"])
+    if body.get("add_special_tokens", True) and body["prompt"] not in synthetic_tokens.SPECIALS:
+        ids = [synthetic_tokens.SPECIALS["<s>"], *ids]
+    strs = [synthetic_tokens.token_text(t) for t in ids] \
+        if body.get("return_token_strs") else None
+    return json_response({"count": len(ids), "max_model_len": context_tokens, "tokens": ids,
+                          "token_strs": strs})
 
 
 def models_list(model_id: str, owner: str) -> dict:

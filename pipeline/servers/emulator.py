@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import math
 import signal
 import sys
@@ -243,6 +244,13 @@ class Emulator:
                 self.options.profile.context_tokens))
 
         def dispatch(request: HttpRequest) -> HttpResponse | Awaitable[HttpResponse]:
+            if self._openai_only and request.path == "/tokenize" and request.method == "POST":
+                # vLLM's tokenizer route: CPU work on the server, no GPU time
+                try:
+                    body = json.loads(request.body)
+                except ValueError as exc:
+                    return contract.error_response("openai", f"invalid JSON: {exc}")
+                return contract.tokenize_response(body, self.options.profile.context_tokens)
             routed = contract.route(request, gets, self._openai_only)
             if isinstance(routed, HttpResponse):
                 return routed
@@ -263,8 +271,9 @@ class Emulator:
                 gpu.scheduler.rejected += 1
                 return contract.queue_full(style, self._max_queued_bytes)
             fut = self._loop.create_future()  # type: ignore[union-attr]
+            # n samples: one prefill, n sequences decoding (emulator_model)
             if not gpu.scheduler.submit(self._now(), (fut, gen, cost), gen.tokens_in,
-                                        gen.tokens_out):
+                                        gen.longest_out, gen.samples, gen.tokens_out):
                 return contract.overloaded()
             self._queued_bytes += cost
             due = self._due(gpu)

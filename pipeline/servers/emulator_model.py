@@ -7,6 +7,11 @@ events (an admission or a completion) every step has the same batch and length, 
 them is one multiplication. A request that arrives during a step joins at the next step
 boundary; steps are computed when they have ended, so their admissions are exact.
 
+A request may decode several samples of one prompt (OpenAI's ``n``): its prompt is
+prefilled once and its ``width`` sequences take that many places in the batch until the
+longest one ends (a shorter sample's place is not given back early: a slight overestimate
+for samples of unequal length).
+
 Counters (modelled seconds): ``busy_s`` is the time with at least one running sequence;
 ``work_s`` is what the completed requests would have cost on a full batch
 (``GpuProfile.full_batch_request_s``), the GPU time a perfectly fed server needs for them.
@@ -46,10 +51,12 @@ class GpuScheduler:
         self.profile = profile
         self.clock = 0.0  # end of the last computed step
         self.steps = 0  # steps computed so far
-        # running: (finish step, sequence no, handle, tokens in, tokens out, arrived, started)
+        # running: (finish step, sequence no, handle, tokens in, tokens out (all samples),
+        # arrived, started, width)
         self._running: list[tuple] = []
-        # waiting: (arrived, sequence no, handle, tokens in, tokens out)
+        # waiting: (arrived, sequence no, handle, tokens in, steps, width, tokens out)
         self._queue: deque[tuple] = deque()
+        self._seqs = 0  # sequences in the batch: the running requests' widths
         self._seq = 0
         self._token_s = profile.step_s(profile.max_batch) / profile.max_batch
         self.admitted = 0
@@ -65,20 +72,26 @@ class GpuScheduler:
 
     @property
     def running(self) -> int:
-        return len(self._running)
+        """Sequences in the batch (a request with ``n`` samples counts ``n``)."""
+        return self._seqs
 
     @property
     def queued(self) -> int:
         return len(self._queue)
 
-    def submit(self, now: float, handle: Any, tokens_in: int, tokens_out: int) -> bool:
+    def submit(self, now: float, handle: Any, tokens_in: int, tokens_out: int,
+               width: int = 1, total_out: int | None = None) -> bool:
         """Queue a request arriving at ``now``; False (refused) beyond
-        ``max_concurrent_requests`` running + waiting."""
+        ``max_concurrent_requests`` running + waiting. ``width`` samples of the prompt,
+        the longest ``tokens_out`` tokens, ``total_out`` tokens in all (default: width x
+        tokens_out)."""
         if len(self._running) + len(self._queue) >= self.profile.max_concurrent_requests:
             self.rejected += 1
             return False
         self._seq += 1
-        self._queue.append((now, self._seq, handle, max(1, tokens_in), max(1, tokens_out)))
+        steps = max(1, tokens_out)
+        total = max(width, total_out if total_out is not None else steps * width)
+        self._queue.append((now, self._seq, handle, max(1, tokens_in), steps, width, total))
         self.admitted += 1
         self.max_queued = max(self.max_queued, len(self._queue))
         return True
@@ -92,19 +105,25 @@ class GpuScheduler:
             start = max(self.clock, queue[0][0])
         else:
             return None
-        room = p.max_batch - len(running)
-        admit = tokens = 0
-        if room > 0 and queue and queue[0][0] <= start:
+        room = p.max_batch - self._seqs
+        admit = tokens = width = 0
+        if queue and queue[0][0] <= start:
             budget = p.max_batch_prefill_tokens
-            for arrived, _, _, n_in, _ in queue:
-                if arrived > start or admit == room or (admit and tokens + n_in > budget):
+            for arrived, _, _, n_in, _, w, _ in queue:
+                if arrived > start:
+                    break
+                if admit and (width + w > room or tokens + n_in > budget):
+                    break
+                # wider than the room: it waits, or runs alone on an idle GPU
+                if not admit and w > room and running:
                     break
                 admit += 1
+                width += w
                 tokens += n_in
         if admit:
-            step = p.step_s(len(running) + admit) + tokens * p.prefill_s_per_token
+            step = p.step_s(self._seqs + width) + tokens * p.prefill_s_per_token
             return _Plan(start, admit, tokens, step, 1)
-        step = p.step_s(len(running))
+        step = p.step_s(self._seqs)
         steps = running[0][0] - self.steps + 1  # until the first running sequence finishes
         if queue and room > 0:  # the next arrival joins at the first boundary after it
             steps = min(steps, max(1, math.ceil((queue[0][0] - start) / step)))
@@ -124,11 +143,12 @@ class GpuScheduler:
                 if plan.start + plan.step_s > now:
                     break
                 for _ in range(plan.admit):
-                    arrived, seq, handle, n_in, n_out = queue.popleft()
-                    heapq.heappush(running, (self.steps + n_out - 1, seq, handle, n_in, n_out,
-                                             arrived, plan.start))
+                    arrived, seq, handle, n_in, steps_out, width, n_out = queue.popleft()
+                    heapq.heappush(running, (self.steps + steps_out - 1, seq, handle, n_in,
+                                             n_out, arrived, plan.start, width))
+                    self._seqs += width
                     self.queue_wait_s += plan.start - arrived
-                self.max_running = max(self.max_running, len(running))
+                self.max_running = max(self.max_running, self._seqs)
                 steps = 1
             else:
                 # (the epsilon: ``now`` taken from next_event_s() must reach that step's end)
@@ -139,7 +159,8 @@ class GpuScheduler:
             self.steps += steps
             self.busy_s += plan.step_s * steps
             while running and running[0][0] < self.steps:
-                _, _, handle, n_in, n_out, arrived, started = heapq.heappop(running)
+                _, _, handle, n_in, n_out, arrived, started, width = heapq.heappop(running)
+                self._seqs -= width
                 self.completed += 1
                 self.tokens_in += n_in
                 self.tokens_out += n_out
@@ -158,7 +179,7 @@ class GpuScheduler:
             "work_s": self.work_s,
             "queue_wait_s": self.queue_wait_s,
             "steps": self.steps,
-            "running": len(self._running),
+            "running": self._seqs,
             "queued": len(self._queue),
             "max_running": self.max_running,
             "max_queued": self.max_queued,

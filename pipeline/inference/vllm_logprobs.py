@@ -1,0 +1,137 @@
+"""Next-token log-probabilities from a vLLM server, for answer distributions over HTTP.
+
+The routes and fields, from vLLM's OpenAI-compatible server (``vllm/entrypoints/openai/
+protocol.py``, ``serving_completion.py``, ``serving_tokenization.py``):
+
+- ``POST /tokenize`` ``{"model", "prompt", "add_special_tokens"}`` answers
+  ``{"count", "max_model_len", "tokens": [ids], "token_strs"}``. The prompt is tokenized
+  once, with special tokens as a text completion prompt is; every probe then sends
+  ``prompt`` as a list of token ids (the prompt's, then the answer prefix's).
+- ``POST /v1/completions`` with ``max_tokens: 1``, ``logprobs: n`` and
+  ``return_tokens_as_token_ids: true`` answers ``choices[0].logprobs.top_logprobs[0]``, a
+  dict ``{"token_id:<id>": logprob}`` of the top ``n`` tokens (plus the sampled one when it
+  is not among them). vLLM refuses ``n`` above ``--max-logprobs`` (default 20): raise it on
+  the server and set ``agents.openai.max_logprobs`` to match. The log-probabilities are the
+  raw model's (``--logprobs-mode raw_logprobs``, vLLM's default), which is what the sampler
+  model (``vllm_sampler``) takes.
+
+The answer vocabulary: every text of at most ``MAX_PIECE_CHARS`` characters of the answer
+alphabet (digits, then at most a leading space and sign) is sent to ``/tokenize`` without
+special tokens; a text that comes back as one token is that token's piece. Tokenizers that
+split numbers into chunks of up to 3 digits (Llama 3, GPT-4's) or digit by digit (Llama 2,
+Mistral, Gemma) have no longer answer tokens. End-of-generation ids: each of llama.cpp's
+known end-marker texts (``</s>``, ``<|eot_id|>``, ``<end_of_turn>``, ...) that tokenizes
+to one token whose token string (``return_token_strs``) is that text: a special token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from simpipe.inference.answer_distribution import Probe, ProbeError
+from simpipe.inference.gguf_vocab import _EOG_TEXTS, AnswerVocab
+from simpipe.inference.llamacpp_sampler import TopLogprobs
+
+MAX_PIECE_CHARS = 3
+#: ``post(path, body) -> JSON`` (raises ProbeError)
+Post = Callable[[str, dict], Any]
+#: ``post_many(path, bodies) -> [JSON]`` in order
+PostMany = Callable[[str, list[dict]], list[Any]]
+
+
+def candidate_pieces(alphabet: frozenset[str]) -> list[str]:
+    """Texts an answer token can have: digits, with at most a leading space then sign."""
+    digits = sorted(c for c in alphabet if c.isdigit())
+    leads = [""] + [c for c in (" ", "-", " -") if set(c) <= alphabet]
+    out = []
+    for lead in leads:
+        for n in range(0 if lead else 1, MAX_PIECE_CHARS - len(lead) + 1):
+            out.extend(lead + "".join(p) for p in itertools.product(digits, repeat=n))
+    return out
+
+
+def answer_vocab(post_many: PostMany, model: str, alphabet: frozenset[str]) -> AnswerVocab:
+    """The answer tokens and end-of-generation ids, asked of the server's tokenizer."""
+    texts = candidate_pieces(alphabet)
+    eog_texts = sorted(_EOG_TEXTS)
+    answers = post_many("/tokenize", [
+        {"model": model, "prompt": t, "add_special_tokens": False, "return_token_strs": True}
+        for t in [*texts, *eog_texts]])
+    ids = [_tokens(a) for a in answers]
+    pieces = {tokens[0]: text for text, tokens in zip(texts, ids, strict=False)
+              if len(tokens) == 1}
+    # A special token's string is its text; an ordinary token that happens to spell a
+    # marker (``<eos>`` in a vocabulary without it) is not one.
+    eog = {tokens[0] for text, tokens, a in zip(eog_texts, ids[len(texts):],
+                                                answers[len(texts):], strict=True)
+           if len(tokens) == 1 and (a.get("token_strs") or [None])[0] == text}
+    if not eog:
+        raise ProbeError("the server's tokenizer knows none of the end-of-generation texts "
+                         f"({', '.join(eog_texts[:4])}, ...)")
+    pieces = {t: p for t, p in pieces.items() if t not in eog}
+    return AnswerVocab(max([*pieces, *eog]) + 1, frozenset(eog), pieces)
+
+
+def _tokens(answer: Any) -> list[int]:
+    tokens = answer.get("tokens") if isinstance(answer, dict) else None
+    if not isinstance(tokens, list) or not all(type(t) is int for t in tokens):
+        raise ProbeError(f"/tokenize answered without a token list: {str(answer)[:200]}")
+    return tokens
+
+
+def session(post: Post, model: str, prompt: str, max_logprobs: int) -> Iterator[Probe]:
+    """``probe(path, top_n)`` for one prompt (see ``answer_distribution.Probe``); top_n is
+    capped at ``max_logprobs`` (the server's ``--max-logprobs``)."""
+    prompt_ids = _tokens(post("/tokenize", {"model": model, "prompt": prompt,
+                                            "add_special_tokens": True}))
+    memo: dict[tuple[tuple[int, ...], int], tuple[TopLogprobs, int, int]] = {}
+
+    def probe(path: tuple[int, ...], top_n: int) -> tuple[TopLogprobs, int, int]:
+        n = min(top_n, max_logprobs)
+        key = (path, n)
+        if key in memo:  # a wider ask the server caps to the same n: nothing new to learn
+            top, _, _ = memo[key]
+            return top, 0, 0
+        answer = post("/v1/completions", {
+            "model": model, "prompt": [*prompt_ids, *path], "max_tokens": 1, "logprobs": n,
+            "temperature": 1.0, "seed": 0, "return_tokens_as_token_ids": True})
+        memo[key] = found = _top(answer, n)
+        return found
+
+    yield probe
+
+
+def _top(answer: Any, n: int) -> tuple[TopLogprobs, int, int]:
+    try:
+        entries = answer["choices"][0]["logprobs"]["top_logprobs"][0]
+        pairs = sorted(((float(lp), int(k.removeprefix("token_id:")))
+                        for k, lp in entries.items()), key=lambda p: (-p[0], p[1]))
+        usage = answer.get("usage") or {}
+        evaluated = int(usage.get("prompt_tokens", 0))
+        generated = int(usage.get("completion_tokens", 0))
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
+        raise ProbeError("no top log-probabilities in the answer "
+                         f"({exc!r}: {json.dumps(answer)[:200]})") from None
+    # The sampled token is added when it is not in the top n: beyond the n-th it would
+    # lower the floor below what unlisted tokens may have.
+    pairs = pairs[:n]
+    return (TopLogprobs(tuple(t for _, t in pairs), tuple(lp for lp, _ in pairs)),
+            evaluated, generated)
+
+
+async def gather_posts(post_json: Callable[[str, bytes], Any], path: str,
+                       bodies: list[dict], width: int = 32) -> list[Any]:
+    """``post_json`` of every body, ``width`` at a time, answers in order."""
+    out: list[Any] = [None] * len(bodies)
+    todo = iter(range(len(bodies)))
+
+    async def worker() -> None:
+        for i in todo:
+            out[i] = await post_json(path, json.dumps(bodies[i]).encode())
+
+    await asyncio.gather(*[worker() for _ in range(min(width, len(bodies)))])
+    return out
