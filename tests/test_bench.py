@@ -129,7 +129,7 @@ def test_bench_share_emulate_reports_gpu_seconds_with_and_without_sharing():
     on = sum(float(r["gpu_s"]) for r in rows[:2])
     off = sum(float(r["gpu_s"]) for r in rows[2:4])
     assert float(total["gpu_s"]) == pytest.approx(on, abs=0.2)
-    assert float(total["gpu_s_ratio"]) == pytest.approx(on / off, abs=0.01)
+    assert float(total["gpu_s_ratio"]) == pytest.approx(on / off, rel=0.05)  # from rounded cells
 
 
 def test_bench_share_emulate_refuses_a_config():

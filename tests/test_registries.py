@@ -38,6 +38,14 @@ ALLOWED = frozenset({
     ("pipeline/bench/fleet.py", "emulated", "key"),
     ("pipeline/bench/scale.py", "scripted", "key"),
     ("pipeline/bench/share.py", "llamacpp", "key"),
+    ("pipeline/bench/share.py", "openai", "key"),
+    ("pipeline/bench/share.py", "emulated", "key"),
+    # `simpipe bench share --case openai` is a case's name (the bench's own row), not a
+    # back-end decision.
+    ("pipeline/bench/share.py", "openai", "compare"),
+    # `agents.openai.answer_distributions = "vllm"` names the wire protocol of log-probabilities
+    # (vLLM's routes), not the server kind.
+    ("pipeline/inference/openai_compat.py", "vllm", "compare"),
     # The [cluster.servers.emulated] table of a config being rewritten, not the kind.
     ("pipeline/run/emulate.py", "emulated", "key"),
     # The emulator's wire protocols (HTTP route sets and error styles), named after the

@@ -177,7 +177,10 @@ def emulated_config(agents: int, rounds: int, servers: int, time_scale: float,
     raw["run"]["name"] = f"share-emulated-{share}"
     raw["agents"]["openai"] = {**raw["agents"].get("openai", {}),
                                "endpoints": [f"http://gpu-{i:02d}:8000"
-                                             for i in range(servers)]}
+                                             for i in range(servers)],
+                               # The emulated servers speak vLLM's log-probability routes:
+                               # sharing computes answer distributions through them.
+                               "answer_distributions": "vllm" if share != "off" else "off"}
     raw["cluster"]["servers"] = {**raw["cluster"].get("servers", {}),
                                  "emulated": {"profile": EMULATED_PROFILE,
                                               "time_scale": time_scale}}
