@@ -24,11 +24,13 @@ from simpipe.agents.base import (
 )
 from simpipe.agents.seeds import GOLDEN, splitmix64
 from simpipe.agents.shared_answers import (
+    Lookup,
     SharedAnswers,
     draw_uniforms,
     prompt_hash,
     sharing_refusal,
     split_evenly,
+    worth_a_distribution,
 )
 from simpipe.aio import run_async
 from simpipe.games.base import Game
@@ -171,7 +173,7 @@ class LLMAgents(AgentPolicy):
         out = _Answers(n)
         sharing = self.shared is not None and self.sharing_refusal(game) is None
         if sharing:
-            self._draw_shared(out, codes, list(uniques), seeds, game, stats)
+            self._draw_shared(out, codes, list(uniques), seeds, turn, stats)
         todo = np.nonzero(~out.shared)[0]
         if todo.size:
             # One request per distinct prompt; each agent's differs only by its seed.
@@ -195,18 +197,23 @@ class LLMAgents(AgentPolicy):
         return Decisions(frame, stats)
 
     def _draw_shared(self, out: _Answers, codes: np.ndarray, uniques: list[str],
-                     seeds: np.ndarray, game: AnyGameConfig, stats: DecisionStats) -> None:
+                     seeds: np.ndarray, turn: Turn, stats: DecisionStats) -> None:
         s = self.sampling
         settings = ChainSettings(s.temperature, s.top_p, s.top_k, s.min_p)
-        answer = game_for(game).answer()
+        answer = game_for(turn.game).answer()
         order = np.argsort(codes, kind="stable")
         bounds = np.concatenate([[0], np.cumsum(np.bincount(codes, minlength=len(uniques)))])
         for k, prompt in enumerate(uniques):
             members = order[bounds[k]:bounds[k + 1]]
-            if members.size < s.share_min_agents:
+            planned = turn.planned.get(prompt)
+            if planned is not None:  # the round plan computed it (simpipe.run.round_plan)
+                found = Lookup(planned, planned.calls > 0, planned.calls, planned.tokens_in,
+                               planned.tokens_out)
+            elif not worth_a_distribution(members.size, s.share_min_agents):
                 continue  # cheaper as calls of their own
-            found = self.shared.lookup(prompt, settings, s.max_tokens, answer.bounds,
-                                       s.share_max_unseen)
+            else:
+                found = self.shared.lookup(prompt, settings, s.max_tokens, answer.bounds,
+                                           s.share_max_unseen)
             stats.model_calls += found.calls
             if found.computed:
                 out.tokens_in[members] += split_evenly(found.tokens_in, members.size)

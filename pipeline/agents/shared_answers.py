@@ -54,6 +54,13 @@ def sharing_refusal(share_answers: str, game: AnyGameConfig, backend_name: str,
     return None
 
 
+def worth_a_distribution(n_agents: int, min_agents: int) -> bool:
+    """Whether a prompt held by ``n_agents`` agents gets a shared distribution (else one
+    call per agent): the one rule, applied to a round's count where the round is planned
+    (``simpipe.run.round_plan``) and to a partition's otherwise."""
+    return n_agents >= min_agents
+
+
 def draw_uniforms(seeds: np.ndarray) -> np.ndarray:
     """One uniform in [0, 1) per agent seed (splitmix64 of the seed, 53 bits)."""
     with np.errstate(over="ignore"):

@@ -9,8 +9,10 @@ by a full disk, say) is moved aside, never deleted, and the partition is played 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -67,8 +69,10 @@ class PartitionOutcome:
     set_aside: str = ""  # a corrupt file found in place of this partition's: the warning
 
 
-def play_partition(job: PartitionJob, feedback: np.ndarray) -> PartitionOutcome:
-    """``feedback``: (groups, rounds so far), the number announced to each group each round."""
+def play_partition(job: PartitionJob, feedback: np.ndarray,
+                   planned: Mapping[str, Any] | None = None) -> PartitionOutcome:
+    """``feedback``: (groups, rounds so far), the number announced to each group each round;
+    ``planned``: the round's planned answer distributions (``Turn.planned``), if any."""
     paths = RunPaths(Path(job.run_dir))
     out = paths.round_part(job.round_index, job.partition)
     set_aside = ""
@@ -83,18 +87,8 @@ def play_partition(job: PartitionJob, feedback: np.ndarray) -> PartitionOutcome:
             set_aside = f"{exc}; moved aside to {move_aside(out).name}, playing it again"
     agents = pd.read_parquet(paths.population_part(job.partition))
     policy = get_policy(job.config.agents)
-    past_answers = None
-    if policy.needs_own_answers(game_for(job.config.game)) and job.round_index > 0:
-        past_answers = read_own_answers(paths, job.partition, job.round_index)
-    turn = Turn(
-        game=job.config.game,
-        seed=job.config.run.seed,
-        round_index=job.round_index,
-        partition=job.partition,
-        past_feedback=(feedback[job.group_ids] if feedback.size
-                       else np.empty((len(agents), 0))),
-        past_answers=past_answers,
-    )
+    turn = partition_turn(job, feedback, len(agents),
+                          policy.needs_own_answers(game_for(job.config.game)), planned)
     # A partition's agents are hundreds of thousands of containers (histories, answers,
     # coroutine frames) that reference counting frees; collections in between only walk
     # them (measured: 12-16 % of a partition's CPU for LLM agents).
@@ -108,6 +102,26 @@ def play_partition(job: PartitionJob, feedback: np.ndarray) -> PartitionOutcome:
     )[list(ROW_COLUMNS)]
     write_parquet_atomic(pa.Table.from_pandas(rows, schema=ROW_SCHEMA, preserve_index=False), out)
     return _outcome(job, rows, decisions.stats, reused=False, set_aside=set_aside)
+
+
+def partition_turn(job: PartitionJob, feedback: np.ndarray, n_agents: int,
+                   needs_own_answers: bool,
+                   planned: Mapping[str, Any] | None = None) -> Turn:
+    """What the partition's agents know this round (their own answers only if asked)."""
+    past_answers = None
+    if needs_own_answers and job.round_index > 0:
+        past_answers = read_own_answers(RunPaths(Path(job.run_dir)), job.partition,
+                                        job.round_index)
+    return Turn(
+        game=job.config.game,
+        seed=job.config.run.seed,
+        round_index=job.round_index,
+        partition=job.partition,
+        past_feedback=(feedback[job.group_ids] if feedback.size
+                       else np.empty((n_agents, 0))),
+        past_answers=past_answers,
+        planned=planned or {},
+    )
 
 
 def read_own_answers(paths: RunPaths, partition: int, round_index: int) -> np.ndarray:

@@ -46,6 +46,7 @@ from simpipe.run.console import Console
 from simpipe.run.executor import Executor, OwnClientExecutor, executor_for
 from simpipe.run.population import ensure_population
 from simpipe.run.quiet_teardown import QuietTeardown
+from simpipe.run.round_plan import plan_round, plans_rounds
 from simpipe.run.round_task import ROW_COLUMNS, PartitionJob, PartitionOutcome, play_partition
 from simpipe.run.sigterm import sigterm_as_interrupt
 from simpipe.store.integrity import read_summary, round_problems
@@ -203,14 +204,14 @@ def _run_rounds(client: Client, config: Config, paths: RunPaths, ledger: Ledger,
         observer.round_started(r)
         t_round = time.perf_counter()
         started_at = time.time()  # on the clock emulated servers' stats are aligned to
-        outcomes = _play_round(client, config, paths, ledger, console, r, groups, bounds,
-                               feedback, token)
+        outcomes, plan_numbers = _play_round(client, config, paths, ledger, console, r,
+                                             groups, bounds, feedback, token)
         rows = game.reduce([o.partial for o in outcomes], r)
         summary = _with_round(summary, rows, r)
         write_parquet_atomic(summary, paths.summary)
         elapsed = time.perf_counter() - t_round
         round_times.append(elapsed)
-        record = _round_record(game, rows, outcomes, elapsed, started_at)
+        record = {**_round_record(game, rows, outcomes, elapsed, started_at), **plan_numbers}
         ledger.record_round(r, record)
         observer.round_finished(r, record)
         counters.update()
@@ -223,17 +224,26 @@ def _run_rounds(client: Client, config: Config, paths: RunPaths, ledger: Ledger,
 
 def _play_round(client: Client, config: Config, paths: RunPaths, ledger: Ledger,
                 console: Console, r: int, groups: np.ndarray, bounds: list[tuple[int, int]],
-                feedback: np.ndarray, token: str) -> list[PartitionOutcome]:
+                feedback: np.ndarray, token: str) -> tuple[list[PartitionOutcome], dict]:
     feedback_future = _on_workers(client, feedback)
+    jobs = [PartitionJob(config, str(paths.root), r, k, groups[a:b])
+            for k, (a, b) in enumerate(bounds)]
+    plan = None
+    if plans_rounds(config):
+        # Stages 1 and 2 (simpipe.run.round_plan): the round's distinct prompts, and the
+        # distributions of those worth one, computed once and spread over the workers.
+        t_plan = time.perf_counter()
+        plan = plan_round(client, config, jobs, feedback_future, f"round-{r}-{token}",
+                          lambda futures, label: _await(client, futures, f"round {r} {label}",
+                                                        paths, console))
+        plan_s = time.perf_counter() - t_plan
     futures = [
-        client.submit(
-            play_partition,
-            PartitionJob(config, str(paths.root), r, k, groups[a:b]),
-            feedback_future,
-            key=f"play-round-{r}-part-{k}-{token}",
-            pure=False,
-        )
-        for k, (a, b) in enumerate(bounds)
+        plan.submit_partition(client, job, feedback_future,
+                              key=f"play-round-{r}-part-{job.partition}-{token}")
+        if plan is not None else
+        client.submit(play_partition, job, feedback_future,
+                      key=f"play-round-{r}-part-{job.partition}-{token}", pure=False)
+        for job in jobs
     ]
     outcomes: list[PartitionOutcome] = []
     bar = console.progress(len(futures), f"round {r}")
@@ -260,7 +270,30 @@ def _play_round(client: Client, config: Config, paths: RunPaths, ledger: Ledger,
                 raise RunCancelled(str(paths.root))
     finally:
         bar.close()
-    return sorted(outcomes, key=lambda o: o.partition)
+    numbers = ({"planned_prompts": plan.layout.planned, "plan_s": round(plan_s, 3)}
+               if plan is not None else {})
+    return sorted(outcomes, key=lambda o: o.partition), numbers
+
+
+def _await(client: Client, futures: list[Future], label: str, paths: RunPaths,
+           console: Console) -> None:
+    """Wait for a round's planning tasks, with a progress bar; a failed task raises its
+    error here, and a cancel request stops the run (nothing of the round is on disk yet)."""
+    bar = console.progress(len(futures), label)
+    pending = as_completed(futures, timeout=None)
+    done = 0
+    try:
+        while done < len(futures):
+            for future in pending.next_batch(block=False) or _wait_one(pending):
+                if future.status != "finished":
+                    future.result()  # raises the task's error
+                done += 1
+                bar.update(1)
+            if paths.cancel_flag.exists() and done < len(futures):
+                client.cancel(futures)
+                raise RunCancelled(str(paths.root))
+    finally:
+        bar.close()
 
 
 def _nothing() -> None:
@@ -322,8 +355,9 @@ def answers_plan(config: Config) -> str:
                               backend_supports_distributions(config.agents),
                               prompt_style(config.agents))
     if refusal is None:
-        return ("answers: each distinct prompt's answer distribution is computed once per "
-                "worker; agents draw from it with their own seeds")
+        return ("answers: each round's distinct prompts are planned once for the whole "
+                "population; each distribution is computed once, on one worker, and agents "
+                "draw from it with their own seeds")
     return f"answers: one model call per agent ({refusal})"
 
 

@@ -77,6 +77,8 @@ class RoundRecord(_Record):
     shared_agents: NonNegative = 0
     fallback_prompts: NonNegative = 0
     unseen_mass_max: float = 0.0
+    planned_prompts: NonNegative = 0  # distributions the round plan computed (round_plan)
+    plan_s: float | None = None  # the plan's wall time (its stages 1 and 2)
 
     @property
     def n_invalid(self) -> int:
