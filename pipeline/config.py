@@ -200,7 +200,7 @@ class _Agents(SamplingSettings):
         "the most probability mass a shared distribution may leave unseen (tokens beyond the "
         "top n the engine returns); a prompt above it gets one call per agent instead"))
     share_min_agents: StrictInt = Field(2, ge=1, description=(
-        "a prompt is shared when at least this many agents of a partition have it; the others "
+        "a prompt is shared when at least this many agents of the round have it; the others "
         "get one call each, made one at a time so that runs stay reproducible. A shared "
         "distribution costs about as much as five calls (a tree of ~22 one-token probes)"))
     reproducible: StrictBool = Field(False, description=(
