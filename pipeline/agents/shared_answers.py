@@ -4,7 +4,9 @@ When sharing applies (``sharing_refusal`` returns None), a partition groups its 
 their exact prompt; each distinct prompt's answer distribution comes from this worker
 process's cache, or is computed once (``simpipe.inference.answer_distribution``) and cached
 for every partition this process plays; each agent then draws its own answer with its own
-seed. Two partitions needing the same prompt at the same time compute it once.
+seed. Two partitions needing the same prompt at the same time compute it once. Where the
+round is planned (``simpipe.run.round_plan``) the distributions come with the turn
+(``Turn.planned``), computed once for the round, and this rule applies to the round's count.
 
 Cost accounting: the tokens a computation spent are split (whole tokens, largest
 remainder) over the agents of the partition that computed it; agents that reused a
