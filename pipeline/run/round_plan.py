@@ -12,7 +12,8 @@ played in three stages:
    agents in all partitions; those worth a distribution (``worth_a_distribution`` on that
    count) are cut into chunks of ``CHUNK_PROMPTS`` in that order, and each chunk is one task
    computing its prompts' distributions (``plan_chunk``), reading the prompt texts from the
-   stage-1 results; the results stay on the workers;
+   stage-1 results (only the planned ones travel: ``texts_of``); the results stay on the
+   workers;
 3. each partition task gets the chunks as arguments (``play_planned_partition``): an agent
    whose prompt is planned draws from its distribution with its own seed, the others are
    answered as without a plan.
@@ -166,14 +167,20 @@ class PlannedChunk:
     lookups: list[Lookup]
 
 
-def plan_chunk(config: Config, hashes: np.ndarray, *found: PartitionPrompts) -> PlannedChunk:
+def texts_of(found: PartitionPrompts, planned: np.ndarray) -> dict[int, str]:
+    """The texts of a partition's prompts that are planned (a task: a partition's texts can
+    be a hundred megabytes in later rounds; the planned ones are a few)."""
+    return {h: found.texts[h] for h in planned.tolist() if h in found.texts}
+
+
+def plan_chunk(config: Config, hashes: np.ndarray, *texts_by_part: dict[int, str]) -> PlannedChunk:
     """Stage 2 (a worker task): the distributions of one chunk's prompts, in hash order."""
     wanted = hashes.tolist()
     texts: dict[int, str] = {}
-    for part in found:
+    for part in texts_by_part:
         for h in wanted:
-            if h not in texts and h in part.texts:
-                texts[h] = part.texts[h]
+            if h not in texts and h in part:
+                texts[h] = part[h]
     policy = get_policy(config.agents)
     shared = policy.shared  # type: ignore[attr-defined]
     s = config.agents
@@ -236,8 +243,12 @@ def plan_round(client: Client, config: Config, jobs: Sequence[PartitionJob], fee
                  for k, f in enumerate(found)]
     wait(tallies_f, "prompts")
     plan = layout(client.gather(tallies_f), config.agents.share_min_agents)
-    chunks = [client.submit(plan_chunk, config, hashes, *found, key=f"plan-{key}-chunk-{i}",
+    if not plan.chunks:
+        return RoundPlan(plan, [])
+    chosen = np.concatenate(plan.chunks)
+    texts = [client.submit(texts_of, f, chosen, key=f"texts-{key}-part-{k}", pure=False)
+             for k, f in enumerate(found)]
+    chunks = [client.submit(plan_chunk, config, hashes, *texts, key=f"plan-{key}-chunk-{i}",
                             pure=False) for i, hashes in enumerate(plan.chunks)]
-    if chunks:
-        wait(chunks, "distributions")
+    wait(chunks, "distributions")
     return RoundPlan(plan, chunks)
