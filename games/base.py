@@ -56,10 +56,11 @@ class Turn:
     # (agents, rounds so far): each agent's own earlier answers, NaN where invalid; None
     # when the policy does not ask for them (reading them costs a file per round)
     past_answers: np.ndarray | None = None
-    # Answer distributions computed once for the whole round, keyed by the prompt's key
-    # (``simpipe.agents.llm._prompt_key``): agents with such a prompt draw from it. Values
-    # are ``simpipe.inference.answer_distribution.AnswerDistribution`` (games do not import
-    # the inference layer).
+    # The round's planned answer distributions (``simpipe.run.round_plan``), by prompt key
+    # (the prompt text for completion prompts): agents whose prompt is here draw from it
+    # instead of asking the model. A distribution's ``calls`` and tokens are what this
+    # partition is charged for it (zero except in the one partition that carries its cost).
+    # Empty where the round is not planned.
     planned: Mapping[str, Any] = field(default_factory=dict)
 
     def rng(self, stream: int) -> np.random.Generator:

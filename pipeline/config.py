@@ -201,7 +201,7 @@ class _Agents(SamplingSettings):
         "top n the engine returns); a prompt above it gets one call per agent instead"))
     share_min_agents: StrictInt = Field(2, ge=1, description=(
         "for back-ends that give answer distributions but cannot walk them lazily: a prompt "
-        "is shared when at least this many agents of a partition have it, the others get one "
+        "is shared when at least this many agents of the round have it, the others get one "
         "call each. The embedded `llamacpp` back-end ignores it and decides per prompt by "
         "measured cost ([shared answers](shared-answers.md))"))
     reproducible: StrictBool = Field(False, description=(

@@ -25,12 +25,13 @@ from simpipe.agents.base import (
 from simpipe.agents.progress import report_agents
 from simpipe.agents.seeds import GOLDEN, splitmix64
 from simpipe.agents.shared_answers import (
+    Lookup,
     SharedAnswers,
-    full_tree_pays,
     prompt_hash,
     sharing_refusal,
     split_evenly,
     step_uniforms,
+    worth_a_distribution,
 )
 from simpipe.aio import run_async
 from simpipe.games.answer_format import IntegerAnswers
@@ -218,17 +219,17 @@ class LLMAgents(AgentPolicy):
         for k, prompt in enumerate(uniques):
             members = order[bounds[k]:bounds[k + 1]]
             planned = turn.planned.get(prompt)
-            if planned is not None:
-                self._take(out, members, planned.walk(uniforms[members]), planned.unseen_mass,
-                           stats, calls=0)
-                continue
-            if chained and not full_tree_pays(members.size):
+            if planned is not None:  # the round plan computed it (simpipe.run.round_plan)
+                found = Lookup(planned, planned.calls > 0, planned.calls, planned.tokens_in,
+                               planned.tokens_out)
+            elif chained and not worth_a_distribution(members.size, s.share_min_agents, True):
                 lazy.append((prompt, members))
                 continue
-            if not chained and members.size < s.share_min_agents:
+            elif not worth_a_distribution(members.size, s.share_min_agents):
                 continue  # cheaper as calls of their own
-            found = self.shared.lookup(prompt, settings, s.max_tokens, answer.bounds,
-                                       s.share_max_unseen)
+            else:
+                found = self.shared.lookup(prompt, settings, s.max_tokens, answer.bounds,
+                                           s.share_max_unseen)
             stats.model_calls += found.calls
             stats.probes += found.calls
             if found.computed:

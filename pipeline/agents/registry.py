@@ -70,6 +70,12 @@ def backend_supports_distributions(agents: AgentsConfig) -> bool:
         backend_class(agents.backend).shares_answers(agents.settings)
 
 
+def backend_walks_lazily(agents: AgentsConfig) -> bool:
+    """Whether ``agents.backend`` walks answer trees lazily in a chain of probes (the
+    embedded engine): the round plan then keeps full trees for prompts many agents share."""
+    return agents.plugin.is_llm and hasattr(backend_class(agents.backend), "logprob_chain")
+
+
 def prompt_style(agents: AgentsConfig) -> str:
     """The prompt shape ``agents.backend`` will use ("completion" or "chat")."""
     return agents.plugin.prompt_style(agents.settings)

@@ -4,7 +4,9 @@ When sharing applies (``sharing_refusal`` returns None), a partition groups its 
 their exact prompt; each distinct prompt's answer distribution comes from this worker
 process's cache, or is computed once (``simpipe.inference.answer_distribution``) and cached
 for every partition this process plays; each agent then draws its own answer with its own
-seed. Two partitions needing the same prompt at the same time compute it once.
+seed. Two partitions needing the same prompt at the same time compute it once. Where the
+round is planned (``simpipe.run.round_plan``) the distributions come with the turn
+(``Turn.planned``), computed once for the round, and this rule applies to the round's count.
 
 Cost accounting: the tokens a computation spent are split (whole tokens, largest
 remainder) over the agents of the partition that computed it; agents that reused a
@@ -66,20 +68,29 @@ FIRST_WALK_PROBES = 3
 
 
 def full_tree_pays(agents_on_prompt: int) -> bool:
-    """Whether a prompt with this many agents in one partition is answered from the
-    process's canonical full tree instead of a lazy walk in the partition's chain.
+    """Whether a prompt with this many agents is answered from a canonical full tree (the
+    round plan's, or the process's cache) instead of a lazy walk in a partition's chain.
 
     A canonical tree costs a fresh evaluation plus every node (FRESH_PROMPT_S +
-    FULL_TREE_PROBES * PROBE_S, ~0.5 s) once per process, and is then free for every
-    partition the process plays; a lazy walk costs the prompt's distinct suffix plus the
-    nodes its agents visit, in each partition. Once a prompt's agents would visit about the
-    whole tree anyway (FIRST_WALK_PROBES each, up to FULL_TREE_PROBES), the walk saves
-    only the fresh evaluation, and a prompt that many agents share is one that recurs in
-    other partitions (round 1, prompts without a history): the full tree is then cheaper.
-    Depends on the partition's own agents only, so which way a prompt goes, and hence its
-    answers, does not depend on what ran before or beside.
+    FULL_TREE_PROBES * PROBE_S, ~0.5 s) once, and is then free for every agent that has the
+    prompt; a lazy walk costs the prompt's distinct suffix plus the nodes its agents visit.
+    Once a prompt's agents would visit about the whole tree anyway (FIRST_WALK_PROBES each,
+    up to FULL_TREE_PROBES), the walk saves only the fresh evaluation: the full tree is then
+    cheaper. Depends on counts only, so which way a prompt goes, and hence its answers, does
+    not depend on what ran before or beside.
     """
     return agents_on_prompt * FIRST_WALK_PROBES >= FULL_TREE_PROBES
+
+
+def worth_a_distribution(n_agents: int, min_agents: int, lazy_walks: bool = False) -> bool:
+    """Whether a prompt held by ``n_agents`` agents gets a full shared distribution: the one
+    rule, applied to a round's count where the round is planned (``simpipe.run.round_plan``)
+    and to a partition's otherwise. ``lazy_walks``: the back-end can walk a prompt's tree
+    lazily (the embedded engine), so the measured cost decides (``full_tree_pays``); else a
+    prompt with fewer than ``min_agents`` agents gets one call per agent."""
+    if lazy_walks:
+        return full_tree_pays(n_agents)
+    return n_agents >= min_agents
 
 
 def draw_uniforms(seeds: np.ndarray) -> np.ndarray:

@@ -9,8 +9,10 @@ by a full disk, say) is moved aside, never deleted, and the partition is played 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -71,13 +73,16 @@ class PartitionOutcome:
     by_value: dict[str, list[float]] = field(default_factory=dict)
 
 
-def play_partition(job: PartitionJob, feedback: np.ndarray) -> PartitionOutcome:
-    """``feedback``: (groups, rounds so far), the number announced to each group each round."""
+def play_partition(job: PartitionJob, feedback: np.ndarray,
+                   planned: Mapping[str, Any] | None = None) -> PartitionOutcome:
+    """``feedback``: (groups, rounds so far), the number announced to each group each round;
+    ``planned``: the round's planned answer distributions (``Turn.planned``), if any."""
     with reporting(job.progress_topic, job.round_index, job.partition):
-        return _play(job, feedback)
+        return _play(job, feedback, planned)
 
 
-def _play(job: PartitionJob, feedback: np.ndarray) -> PartitionOutcome:
+def _play(job: PartitionJob, feedback: np.ndarray,
+          planned: Mapping[str, Any] | None) -> PartitionOutcome:
     paths = RunPaths(Path(job.run_dir))
     out = paths.round_part(job.round_index, job.partition)
     set_aside = ""
@@ -92,14 +97,8 @@ def _play(job: PartitionJob, feedback: np.ndarray) -> PartitionOutcome:
         except CorruptFile as exc:
             set_aside = f"{exc}; moved aside to {move_aside(out).name}, playing it again"
     agents = pd.read_parquet(paths.population_part(job.partition))
-    turn = Turn(
-        game=job.config.game,
-        seed=job.config.run.seed,
-        round_index=job.round_index,
-        partition=job.partition,
-        past_feedback=(feedback[job.group_ids] if feedback.size
-                       else np.empty((len(agents), 0))),
-    )
+    # Own answers are read by decide_mixed, and only for the policies that ask for them.
+    turn = partition_turn(job, feedback, len(agents), False, planned)
     # A partition's agents are hundreds of thousands of containers (histories, answers,
     # coroutine frames) that reference counting frees; collections in between only walk
     # them (measured: 12-16 % of a partition's CPU for LLM agents).
@@ -116,6 +115,26 @@ def _play(job: PartitionJob, feedback: np.ndarray) -> PartitionOutcome:
     )[list(ROW_COLUMNS)]
     write_parquet_atomic(pa.Table.from_pandas(rows, schema=ROW_SCHEMA, preserve_index=False), out)
     return _outcome(job, rows, decisions.stats, reused=False, set_aside=set_aside)
+
+
+def partition_turn(job: PartitionJob, feedback: np.ndarray, n_agents: int,
+                   needs_own_answers: bool,
+                   planned: Mapping[str, Any] | None = None) -> Turn:
+    """What the partition's agents know this round (their own answers only if asked)."""
+    past_answers = None
+    if needs_own_answers and job.round_index > 0:
+        past_answers = read_own_answers(RunPaths(Path(job.run_dir)), job.partition,
+                                        job.round_index)
+    return Turn(
+        game=job.config.game,
+        seed=job.config.run.seed,
+        round_index=job.round_index,
+        partition=job.partition,
+        past_feedback=(feedback[job.group_ids] if feedback.size
+                       else np.empty((n_agents, 0))),
+        past_answers=past_answers,
+        planned=planned or {},
+    )
 
 
 def read_own_answers(paths: RunPaths, partition: int, round_index: int) -> np.ndarray:

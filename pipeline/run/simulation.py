@@ -49,6 +49,7 @@ from simpipe.run.console import Console
 from simpipe.run.executor import Executor, OwnClientExecutor, executor_for
 from simpipe.run.population import ensure_population
 from simpipe.run.quiet_teardown import QuietTeardown
+from simpipe.run.round_plan import plan_round, plans_rounds
 from simpipe.run.round_progress import RoundMeter, RoundSnapshot
 from simpipe.run.round_task import ROW_COLUMNS, PartitionJob, PartitionOutcome, play_partition
 from simpipe.run.sigterm import sigterm_as_interrupt
@@ -216,14 +217,14 @@ def _run_rounds(client: Client, config: Config, paths: RunPaths, ledger: Ledger,
         started_at = time.time()  # on the clock emulated servers' stats are aligned to
         meter = RoundMeter(watch, console, ledger, r, config.game.rounds,
                            [b - a for a, b in bounds], observer.round_progress)
-        outcomes = _play_round(client, config, paths, meter, r, groups, bounds, feedback,
-                               token, watch.topic)
+        outcomes, plan_numbers = _play_round(client, config, paths, meter, r, groups, bounds,
+                                             feedback, token, watch.topic)
         rows = game.reduce([o.partial for o in outcomes], r)
         summary = _with_round(summary, rows, r)
         write_parquet_atomic(summary, paths.summary)
         elapsed = time.perf_counter() - t_round
         round_times.append(elapsed)
-        record = _round_record(game, rows, outcomes, elapsed, started_at)
+        record = {**_round_record(game, rows, outcomes, elapsed, started_at), **plan_numbers}
         record.update(round_split(config.agents, [o.by_value for o in outcomes]))
         ledger.record_round(r, record)
         observer.round_finished(r, record)
@@ -237,17 +238,26 @@ def _run_rounds(client: Client, config: Config, paths: RunPaths, ledger: Ledger,
 
 def _play_round(client: Client, config: Config, paths: RunPaths, meter: RoundMeter, r: int,
                 groups: np.ndarray, bounds: list[tuple[int, int]], feedback: np.ndarray,
-                token: str, progress_topic: str) -> list[PartitionOutcome]:
+                token: str, progress_topic: str) -> tuple[list[PartitionOutcome], dict]:
     feedback_future = _on_workers(client, feedback)
+    jobs = [PartitionJob(config, str(paths.root), r, k, groups[a:b], progress_topic)
+            for k, (a, b) in enumerate(bounds)]
+    plan = None
+    if plans_rounds(config):
+        # Stages 1 and 2 (simpipe.run.round_plan): the round's distinct prompts, and the
+        # distributions of those worth one, computed once and spread over the workers.
+        t_plan = time.perf_counter()
+        plan = plan_round(client, config, jobs, feedback_future, f"round-{r}-{token}",
+                          lambda futures, label: _await(client, futures, f"round {r} {label}",
+                                                        paths, meter.console))
+        plan_s = time.perf_counter() - t_plan
     futures = [
-        client.submit(
-            play_partition,
-            PartitionJob(config, str(paths.root), r, k, groups[a:b], progress_topic),
-            feedback_future,
-            key=f"play-round-{r}-part-{k}-{token}",
-            pure=False,
-        )
-        for k, (a, b) in enumerate(bounds)
+        plan.submit_partition(client, job, feedback_future,
+                              key=f"play-round-{r}-part-{job.partition}-{token}")
+        if plan is not None else
+        client.submit(play_partition, job, feedback_future,
+                      key=f"play-round-{r}-part-{job.partition}-{token}", pure=False)
+        for job in jobs
     ]
     outcomes: list[PartitionOutcome] = []
     pending = as_completed(futures, timeout=None)
@@ -268,7 +278,30 @@ def _play_round(client: Client, config: Config, paths: RunPaths, meter: RoundMet
                 raise RunCancelled(str(paths.root))
     finally:
         meter.close()
-    return sorted(outcomes, key=lambda o: o.partition)
+    numbers = ({"planned_prompts": plan.layout.planned, "plan_s": round(plan_s, 3)}
+               if plan is not None else {})
+    return sorted(outcomes, key=lambda o: o.partition), numbers
+
+
+def _await(client: Client, futures: list[Future], label: str, paths: RunPaths,
+           console: Console) -> None:
+    """Wait for a round's planning tasks, with a progress bar; a failed task raises its
+    error here, and a cancel request stops the run (nothing of the round is on disk yet)."""
+    bar = console.progress(len(futures), label)
+    pending = as_completed(futures, timeout=None)
+    done = 0
+    try:
+        while done < len(futures):
+            for future in pending.next_batch(block=False) or _wait_one(pending):
+                if future.status != "finished":
+                    future.result()  # raises the task's error
+                done += 1
+                bar.update(1)
+            if paths.cancel_flag.exists() and done < len(futures):
+                client.cancel(futures)
+                raise RunCancelled(str(paths.root))
+    finally:
+        bar.close()
 
 
 def _nothing() -> None:
@@ -336,6 +369,10 @@ def _answers_plan(config: Config, agents: AgentsConfig, value: str | None) -> st
     refusal = sharing_refusal(agents.share_answers, config.game, agents.backend,
                               backend_supports_distributions(agents), prompt_style(agents))
     if refusal is None:
+        if plans_rounds(config):
+            return (f"{who}: each round's distinct prompts are planned once for the whole "
+                    "population; a distribution many agents share is computed once, on one "
+                    "worker, the rest walked per partition; agents draw with their own seeds")
         return (f"{who}: each distinct prompt's answer distribution is computed once per "
                 "worker; agents draw from it with their own seeds")
     return f"{who}: one model call per agent ({refusal})"

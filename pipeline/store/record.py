@@ -79,6 +79,8 @@ class RoundRecord(_Record):
     unseen_mass_max: float = 0.0
     prompt_tokens_evaluated: NonNegative = 0  # a cached common prefix is not evaluated again
     prompt_tokens_per_distinct_prompt: float | None = None
+    planned_prompts: NonNegative = 0  # distributions the round plan computed (round_plan)
+    plan_s: float | None = None  # the plan's wall time (its stages 1 and 2)
 
     @property
     def n_invalid(self) -> int:

@@ -1,0 +1,263 @@
+"""A round's distinct prompts planned once for the whole population, their work spread.
+
+Without a plan each worker process computes the answer distribution of every prompt its
+partitions need and caches it: a prompt held by agents of every partition is computed once
+per worker, so a second worker only repeats the first one's work. Where LLM agents share
+answers (``simpipe.agents.shared_answers.sharing_refusal`` is None) a round is therefore
+played in three stages:
+
+1. one task per partition renders its distinct prompts (``partition_prompts``) and keeps
+   them on its worker; the client gathers only their 64-bit hashes and agent counts;
+2. the client merges them into the round's distinct prompts, sorted by hash, each with its
+   agents in all partitions; those worth a distribution (``worth_a_distribution`` on that
+   count) are cut into chunks of ``CHUNK_PROMPTS`` in that order, and each chunk is one task
+   computing its prompts' distributions (``plan_chunk``), reading the prompt texts from the
+   stage-1 results (only the planned ones travel: ``texts_of``); the results stay on the
+   workers;
+3. each partition task gets the chunks as arguments (``play_planned_partition``): an agent
+   whose prompt is planned draws from its distribution with its own seed, the others are
+   answered as without a plan.
+
+The chunks depend only on the prompts and their counts, never on the number of workers, and
+each distribution is computed as one lone sequence (``SharedAnswers``), so the same seed
+gives the same guesses on any number of workers. A distribution's cost (model calls,
+tokens) is charged to the agents of the lowest-numbered partition played that holds the
+prompt, so a round's token columns still sum to what the model spent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from distributed import Client, Future
+
+from simpipe.agents.llm import _prompt_key, distinct_prompts
+from simpipe.agents.registry import (
+    backend_supports_distributions,
+    backend_walks_lazily,
+    get_policy,
+    prompt_style,
+)
+from simpipe.agents.shared_answers import (
+    Lookup,
+    prompt_hash,
+    sharing_refusal,
+    worth_a_distribution,
+)
+from simpipe.config import Config
+from simpipe.games.registry import game_for
+from simpipe.inference.answer_distribution import AnswerDistribution
+from simpipe.inference.llamacpp_sampler import ChainSettings
+from simpipe.population_mix import mix_attribute
+from simpipe.run.round_task import (
+    PartitionJob,
+    PartitionOutcome,
+    partition_turn,
+    play_partition,
+)
+from simpipe.store.layout import RunPaths
+
+#: Prompts per stage-2 task: a distribution is ~22 one-token calls (~0.5 s on 2 cores), so
+#: a chunk is seconds of work, and a round of ~1,000 prompts is ~60 tasks to spread.
+CHUNK_PROMPTS = 16
+
+_EMPTY = np.empty(0, np.uint64)
+
+
+def plans_rounds(config: Config) -> bool:
+    """Whether this run's rounds are planned: LLM agents that share answers. A mixed
+    population's groups are answered by their own policies, each sharing per partition
+    (the plan renders one agents config's prompts)."""
+    agents = config.agents
+    if not agents.plugin.is_llm or mix_attribute(agents) is not None:
+        return False
+    return sharing_refusal(agents.share_answers, config.game, agents.backend,
+                           backend_supports_distributions(agents),
+                           prompt_style(agents)) is None
+
+
+@dataclass(frozen=True)
+class PromptTally:
+    """A partition's distinct prompts as the client sees them: hashes (sorted) and how many
+    of its agents hold each. ``played``: False when its part file exists (a resumed run):
+    its prompts count for the rule, but need no distribution for it."""
+
+    partition: int
+    played: bool
+    hashes: np.ndarray  # uint64
+    counts: np.ndarray  # int64
+
+
+@dataclass(frozen=True)
+class PartitionPrompts:
+    """Stage 1's result, kept on the worker: the tally and the prompt texts (by hash)."""
+
+    tally: PromptTally
+    texts: dict[int, str]
+
+
+def partition_prompts(job: PartitionJob, feedback: np.ndarray) -> PartitionPrompts:
+    """Stage 1 (a worker task): render this partition's distinct prompts, as its play will."""
+    paths = RunPaths(Path(job.run_dir))
+    played = not paths.round_part(job.round_index, job.partition).exists()
+    agents = pd.read_parquet(paths.population_part(job.partition))
+    turn = partition_turn(job, feedback, len(agents), needs_own_answers=True)
+    codes, prompts = distinct_prompts(agents, turn, prompt_style(job.config.agents))
+    keys = [_prompt_key(p) for p in prompts]
+    hashes = np.fromiter((prompt_hash(k) for k in keys), np.uint64, len(keys))
+    counts = np.bincount(codes, minlength=len(keys)).astype(np.int64)
+    order = np.argsort(hashes, kind="stable")
+    tally = PromptTally(job.partition, played, hashes[order], counts[order])
+    return PartitionPrompts(tally, {int(h): k for h, k in zip(hashes.tolist(), keys, strict=True)})
+
+
+def tally_of(found: PartitionPrompts) -> PromptTally:
+    """The small part of a stage-1 result the client needs (a task, so texts stay put)."""
+    return found.tally
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The client's plan of a round: which prompts each chunk computes, and which planned
+    prompts each partition carries the cost of."""
+
+    distinct: int  # the round's distinct prompts
+    chunks: list[np.ndarray]  # hashes, sorted, CHUNK_PROMPTS per chunk
+    owned: dict[int, np.ndarray]  # partition -> hashes whose cost its agents carry
+
+    @property
+    def planned(self) -> int:
+        return sum(c.size for c in self.chunks)
+
+
+def layout(tallies: Sequence[PromptTally], min_agents: int,
+           chunk_prompts: int = CHUNK_PROMPTS, lazy_walks: bool = False) -> Layout:
+    """Merge the partitions' tallies: the round's distinct prompts with their agents, the
+    ones worth a distribution (held by a partition still to be played) in chunks."""
+    tallies = sorted(tallies, key=lambda t: t.partition)
+    if not tallies:
+        return Layout(0, [], {})
+    hashes = np.concatenate([t.hashes for t in tallies] + [_EMPTY])
+    counts = np.concatenate([t.counts for t in tallies] + [np.empty(0, np.int64)])
+    parts = np.concatenate([np.full(t.hashes.size, t.partition, np.int64) for t in tallies]
+                           + [np.empty(0, np.int64)])
+    played = np.concatenate([np.full(t.hashes.size, t.played) for t in tallies]
+                            + [np.empty(0, bool)])
+    uniq, inverse = np.unique(hashes, return_inverse=True)
+    total = np.bincount(inverse, weights=counts, minlength=uniq.size).astype(np.int64)
+    needed = np.bincount(inverse, weights=played, minlength=uniq.size) > 0
+    worth = np.fromiter((worth_a_distribution(int(n), min_agents, lazy_walks)
+                         for n in total.tolist()), bool, total.size)
+    chosen = uniq[worth & needed]  # sorted: np.unique sorts
+    chunks = [chosen[i:i + chunk_prompts] for i in range(0, chosen.size, chunk_prompts)]
+    # Each planned prompt's cost goes to the lowest-numbered played partition holding it.
+    rows = np.nonzero(played & np.isin(hashes, chosen))[0]
+    first = {}
+    for h, k in zip(hashes[rows].tolist(), parts[rows].tolist(), strict=True):
+        first.setdefault(h, k)  # rows are in partition order
+    owned: dict[int, list[int]] = {}
+    for h, k in first.items():
+        owned.setdefault(k, []).append(h)
+    return Layout(int(uniq.size), chunks,
+                  {k: np.array(sorted(v), np.uint64) for k, v in owned.items()})
+
+
+@dataclass(frozen=True)
+class PlannedChunk:
+    """Stage 2's result: each prompt's text and what computing its distribution gave."""
+
+    texts: list[str]
+    hashes: list[int]
+    lookups: list[Lookup]
+
+
+def texts_of(found: PartitionPrompts, planned: np.ndarray) -> dict[int, str]:
+    """The texts of a partition's prompts that are planned (a task: a partition's texts can
+    be a hundred megabytes in later rounds; the planned ones are a few)."""
+    return {h: found.texts[h] for h in planned.tolist() if h in found.texts}
+
+
+def plan_chunk(config: Config, hashes: np.ndarray, *texts_by_part: dict[int, str]) -> PlannedChunk:
+    """Stage 2 (a worker task): the distributions of one chunk's prompts, in hash order."""
+    wanted = hashes.tolist()
+    texts: dict[int, str] = {}
+    for part in texts_by_part:
+        for h in wanted:
+            if h not in texts and h in part:
+                texts[h] = part[h]
+    policy = get_policy(config.agents)
+    shared = policy.shared  # type: ignore[attr-defined]
+    s = config.agents
+    settings = ChainSettings(s.temperature, s.top_p, s.top_k, s.min_p)
+    bounds = game_for(config.game).answer().bounds
+    lookups = [shared.lookup(texts[h], settings, s.max_tokens, bounds, s.share_max_unseen)
+               for h in wanted]
+    return PlannedChunk([texts[h] for h in wanted], wanted, lookups)
+
+
+def planned_for(chunks: Sequence[PlannedChunk],
+                owned: np.ndarray) -> dict[str, AnswerDistribution]:
+    """``Turn.planned`` of one partition: every pinned-down distribution, charged with its
+    cost where this partition carries it and free elsewhere. A prompt whose distribution
+    could not be pinned down is left out: its agents are answered as without a plan."""
+    mine = set(owned.tolist())
+    planned: dict[str, AnswerDistribution] = {}
+    for chunk in chunks:
+        for text, h, found in zip(chunk.texts, chunk.hashes, chunk.lookups, strict=True):
+            dist = found.distribution
+            if dist is None:
+                continue
+            paid = h in mine and found.computed
+            planned[text] = replace(dist, calls=found.calls if paid else 0,
+                                    tokens_in=found.tokens_in if paid else 0,
+                                    tokens_out=found.tokens_out if paid else 0)
+    return planned
+
+
+def play_planned_partition(job: PartitionJob, feedback: np.ndarray, owned: np.ndarray,
+                           chunks: list[PlannedChunk]) -> PartitionOutcome:
+    """Stage 3 (a worker task): the partition played with the round's planned distributions."""
+    return play_partition(job, feedback, planned_for(chunks, owned))
+
+
+#: Waits for the futures (progress, cancel) with a label for the progress bar.
+Await = Callable[[list[Future], str], None]
+
+
+@dataclass
+class RoundPlan:
+    """What stage 3 needs: the chunks (futures on the workers) and each partition's share."""
+
+    layout: Layout
+    chunks: list[Future]
+
+    def submit_partition(self, client: Client, job: PartitionJob, feedback: Future,
+                         key: str) -> Future:
+        owned = self.layout.owned.get(job.partition, _EMPTY)
+        return client.submit(play_planned_partition, job, feedback, owned, self.chunks,
+                             key=key, pure=False)
+
+
+def plan_round(client: Client, config: Config, jobs: Sequence[PartitionJob], feedback: Future,
+               key: str, wait: Await) -> RoundPlan:
+    """Stages 1 and 2 of a round: the planned distributions, computed on the workers."""
+    found = [client.submit(partition_prompts, job, feedback, key=f"prompts-{key}-part-{k}",
+                           pure=False) for k, job in enumerate(jobs)]
+    tallies_f = [client.submit(tally_of, f, key=f"tally-{key}-part-{k}", pure=False)
+                 for k, f in enumerate(found)]
+    wait(tallies_f, "prompts")
+    plan = layout(client.gather(tallies_f), config.agents.share_min_agents,
+                  lazy_walks=backend_walks_lazily(config.agents))
+    if not plan.chunks:
+        return RoundPlan(plan, [])
+    chosen = np.concatenate(plan.chunks)
+    texts = [client.submit(texts_of, f, chosen, key=f"texts-{key}-part-{k}", pure=False)
+             for k, f in enumerate(found)]
+    chunks = [client.submit(plan_chunk, config, hashes, *texts, key=f"plan-{key}-chunk-{i}",
+                            pure=False) for i, hashes in enumerate(plan.chunks)]
+    wait(chunks, "distributions")
+    return RoundPlan(plan, chunks)
