@@ -278,16 +278,16 @@ def two_processes(bodies: list[dict]) -> float:
     return time.perf_counter() - t0
 
 
-def throughput_rows(n: int, width: int, repeats: int) -> list[dict]:
-    """Prompts/s of each mode on the same ``n`` sorted round-3 requests, interleaved."""
+def throughput_rows(n: int, width: int, repeats: int,
+                    echo: Callable[[str], None] | None = None) -> list[dict]:
+    """Prompts/s of each mode on the same ``n`` sorted round-3 requests, interleaved;
+    ``echo`` gets each timed run as it ends."""
     bodies = _bodies(n)
     modes: dict[str, tuple[Setup, Callable[[Any], None]]] = {
         "lone serial, slot 0 (reproducible default)":
             (Setup(n_parallel=width), lambda s: _lone_serial(s, bodies)),
         f"batched, {width} threads, unified KV (default batched)":
             (Setup(n_parallel=width), lambda s: _batched(s, bodies, width)),
-        f"batched, {width} threads, per-slot KV":
-            (Setup(n_parallel=width, kv_unified=False), lambda s: _batched(s, bodies, width)),
         "lone serial, 1 thread":
             (Setup(threads=1, n_parallel=1), lambda s: _lone_serial(s, bodies)),
     }
@@ -300,7 +300,11 @@ def throughput_rows(n: int, width: int, repeats: int) -> list[dict]:
             t0 = time.perf_counter()
             fn(servers[name])
             times[name].append(time.perf_counter() - t0)
+            if echo:
+                echo(f"# {name}: {times[name][-1]:.1f} s")
         times["2 processes x 1 thread"].append(two_processes(bodies))
+        if echo:
+            echo(f"# 2 processes x 1 thread: {times['2 processes x 1 thread'][-1]:.1f} s")
     lone = n / float(np.median(times[next(iter(modes))]))
     rows = []
     for name, ts in times.items():
@@ -347,7 +351,7 @@ def run_invariance(probe_prompts: int = 4, widths: Sequence[int] = (2, 4, 8, 32)
     echo(markdown_table(sampled, FORMATS))
     if throughput_prompts:
         echo("\n## Throughput, distinct sorted round-3 prompts\n")
-        echo(markdown_table(throughput_rows(throughput_prompts, 8, repeats), FORMATS))
+        echo(markdown_table(throughput_rows(throughput_prompts, 8, repeats, echo), FORMATS))
     echo(f"# load average at end: {os.getloadavg()[0]:.1f}")
 
 
