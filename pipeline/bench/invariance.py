@@ -346,7 +346,9 @@ def run_invariance(probe_prompts: int = 4, widths: Sequence[int] = (2, 4, 8, 32)
     sampled = []
     for setup in (Setup(), Setup(kv_unified=False), Setup(threads=1, kv_unified=False,
                                                           flash_attn="off")):
-        sampled += sampled_rows(setup, round3_requests(sample_requests), 8)
+        got = sampled_rows(setup, round3_requests(sample_requests), 8)
+        sampled += got
+        echo(markdown_table(got, FORMATS))
     echo("\n## Sampled texts (max_tokens 6, fixed seeds)\n")
     echo(markdown_table(sampled, FORMATS))
     if throughput_prompts:
