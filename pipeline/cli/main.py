@@ -329,6 +329,25 @@ def bench_share(case: str, config_path: str | None, agents: int | None, rounds: 
                                             servers=servers, time_scale=time_scale)))
 
 
+@bench.command("invariance")
+@click.option("--probe-prompts", default=4, show_default=True, type=click.IntRange(1, 32),
+              help="Distinct round-3 prompts whose top-20 log-probabilities are compared.")
+@click.option("--sample-requests", default=16, show_default=True, type=click.IntRange(1, 256),
+              help="Sampled round-3 requests compared lone vs batched.")
+@click.option("--throughput-prompts", default=48, show_default=True,
+              type=click.IntRange(min=0), help="Prompts per throughput run (0: skip).")
+@click.option("--repeats", default=2, show_default=True, type=click.IntRange(1, 10),
+              help="Interleaved runs of each throughput mode.")
+def bench_invariance(probe_prompts: int, sample_requests: int, throughput_prompts: int,
+                     repeats: int) -> None:
+    """Which llama.cpp results stay bit-identical under batching, and what each mode costs."""
+    from simpipe.bench.invariance import run_invariance
+
+    run_invariance(probe_prompts=probe_prompts, sample_requests=sample_requests,
+                   throughput_prompts=throughput_prompts, repeats=repeats,
+                   echo=lambda line: click.echo(line))
+
+
 @bench.command("client")
 @click.option("--requests", "n_requests", default=20000, show_default=True,
               type=click.IntRange(min=1))
