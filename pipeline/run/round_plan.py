@@ -63,7 +63,7 @@ from simpipe.store.layout import RunPaths
 
 #: Prompts per stage-2 task: a distribution is ~22 one-token calls (~0.5 s on 2 cores), so
 #: a chunk is seconds of work, and a round of ~1,000 prompts is ~60 tasks to spread.
-CHUNK_PROMPTS = 16
+CHUNK_PROMPTS = 4  # small: round 1's few shared prompts still spread over the workers
 
 _EMPTY = np.empty(0, np.uint64)
 
