@@ -50,7 +50,7 @@ from simpipe.run.executor import Executor, OwnClientExecutor, executor_for
 from simpipe.run.population import ensure_population
 from simpipe.run.quiet_teardown import QuietTeardown
 from simpipe.run.round_plan import plan_round, plans_rounds
-from simpipe.run.round_progress import RoundMeter, RoundSnapshot
+from simpipe.run.round_progress import LINE_EVERY_S, RoundMeter, RoundSnapshot, format_eta
 from simpipe.run.round_task import ROW_COLUMNS, PartitionJob, PartitionOutcome, play_partition
 from simpipe.run.sigterm import sigterm_as_interrupt
 from simpipe.store.integrity import read_summary, round_problems
@@ -248,7 +248,9 @@ def _play_round(client: Client, config: Config, paths: RunPaths, meter: RoundMet
         # distributions of those worth one, computed once and spread over the workers.
         t_plan = time.perf_counter()
         plan = plan_round(client, config, jobs, feedback_future, f"round-{r}-{token}",
-                          lambda futures, label: _await(client, futures, f"round {r} {label}",
+                          lambda futures, label: _await(client, futures,
+                                                        f"round {r + 1}/{config.game.rounds} "
+                                                        f"{label}",
                                                         paths, meter.console))
         plan_s = time.perf_counter() - t_plan
     futures = [
@@ -285,11 +287,14 @@ def _play_round(client: Client, config: Config, paths: RunPaths, meter: RoundMet
 
 def _await(client: Client, futures: list[Future], label: str, paths: RunPaths,
            console: Console) -> None:
-    """Wait for a round's planning tasks, with a progress bar; a failed task raises its
-    error here, and a cancel request stops the run (nothing of the round is on disk yet)."""
+    """Wait for a round's planning tasks, with a progress bar and, every ``LINE_EVERY_S``, a
+    line with the tasks done and an ETA (a batch job's log has no bar; computing a million
+    agents' distributions takes minutes before any partition plays); a failed task raises
+    its error here, and a cancel request stops the run (nothing of the round is on disk yet)."""
     bar = console.progress(len(futures), label)
     pending = as_completed(futures, timeout=None)
     done = 0
+    started = last_line = time.perf_counter()
     try:
         while done < len(futures):
             for future in pending.next_batch(block=False) or _wait_one(pending):
@@ -297,6 +302,11 @@ def _await(client: Client, futures: list[Future], label: str, paths: RunPaths,
                     future.result()  # raises the task's error
                 done += 1
                 bar.update(1)
+            now = time.perf_counter()
+            if now - last_line >= LINE_EVERY_S and done < len(futures):
+                last_line = now
+                eta = (len(futures) - done) * (now - started) / done if done else None
+                console.line(f"{label}: {done:,}/{len(futures):,} tasks, {format_eta(eta)}")
             if paths.cancel_flag.exists() and done < len(futures):
                 client.cancel(futures)
                 raise RunCancelled(str(paths.root))
