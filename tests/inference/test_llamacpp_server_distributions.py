@@ -18,6 +18,7 @@ from simpipe.inference.answer_distribution import (
     ProbeError,
     answer_distribution,
 )
+from simpipe.inference.answer_tree import TreeShape
 from simpipe.inference.base import GenerationRequest, OutputConstraint
 from simpipe.inference.llamacpp import LlamaCppBackend
 from simpipe.inference.llamacpp_logprobs import top_logprobs
@@ -63,8 +64,8 @@ def test_the_completion_answer_is_read_and_an_old_one_refused():
 @pytest.mark.llm
 def test_distribution_over_http_equals_the_embedded_engines():
     """Both are llama.cpp on the same GGUF, the prompt decoded alone: the distributions agree
-    within what neither side saw, and the vocabulary from /tokenize is the GGUF's, less the
-    byte-fallback tokens tokenizing never produces."""
+    within what neither side saw plus float noise (measured: equal), and the vocabulary from
+    /tokenize and /detokenize is the GGUF's answer tokens that the grammar can accept."""
     settings = ChainSettings(1.0)
     embedded = LlamaCppBackend(LlamaCppSettings(n_parallel=SLOTS, threads=2))
     try:
@@ -79,16 +80,20 @@ def test_distribution_over_http_equals_the_embedded_engines():
         vocab = backend.answer_vocab(LANG.alphabet)
         remote = _distribution(backend, settings)
         again = _distribution(backend, settings)
-        found = SharedAnswers(backend).lookup(PROMPT, settings, MAX_TOKENS, (0.0, 100.0), 1e-3)
+        found = SharedAnswers(backend).lookup(PROMPT, settings, MAX_TOKENS, (0.0, 100.0), 1e-4)
     assert vocab.eog_ids == local_vocab.eog_ids
     assert set(vocab.pieces.items()) <= set(local_vocab.pieces.items())
-    assert sorted(vocab.pieces.values()) == sorted([*" -0123456789", " -"])
+    # the GGUF's others are runs of spaces or dashes, which no answer can hold
+    shape = TreeShape(LANG, local_vocab, MAX_TOKENS)
+    for prefix in ("", " ", " 1", " 10"):
+        assert shape.valid(prefix) == TreeShape(LANG, vocab, MAX_TOKENS).valid(prefix)
+    assert sum(p == "0" for p in vocab.pieces.values()) == 2  # "0" and the byte <0x30>
     assert remote.texts == again.texts and np.array_equal(remote.probs, again.probs)
-    assert remote.calls > 10 and remote.tokens_in > 0
+    assert remote.calls == local.calls > 10 and remote.tokens_in > 0
     got = dict(zip(remote.texts, remote.probs.tolist(), strict=True))
     want = dict(zip(local.texts, local.probs.tolist(), strict=True))
     tv = 0.5 * sum(abs(got.get(t, 0) - want.get(t, 0)) for t in set(got) | set(want))
-    assert tv <= remote.unseen_mass + local.unseen_mass + 1e-4, (tv, remote.unseen_mass)
+    assert tv <= remote.unseen_mass + local.unseen_mass + 1e-6, (tv, remote.unseen_mass)
     assert len(got) > 20  # a real spread, not one answer
     assert found.distribution is not None and found.calls == remote.calls
 
