@@ -12,7 +12,7 @@ import pytest
 from scipy.stats import chi2_contingency
 
 from simpipe.agents.shared_answers import SharedAnswers, step_uniforms
-from simpipe.games.answer_format import IntegerAnswers, number_grammar
+from simpipe.games.answer_format import IntegerAnswers, number_lark
 from simpipe.inference.answer_distribution import (
     AnswerDistribution,
     ProbeError,
@@ -30,7 +30,10 @@ from simpipe.servers.llamacpp_server import LlamaCppProcess
 PROMPT = "Pick a number between 0 and 100; the winner is closest to 2/3 of the average. Mine:"
 MAX_TOKENS = 4
 LANG = IntegerAnswers(0, 100)
-NUMBER = OutputConstraint(gbnf=number_grammar(0, 100))
+# The answer grammar in llguidance's form, which this build's server takes as `grammar`:
+# GBNF costs llama.cpp more than half its speed (docs/shared-answers.md), and both are
+# applied by the same sampler (draw, then resample under the grammar if rejected).
+NUMBER = OutputConstraint(gbnf=number_lark(0, 100))
 AGENTS = 200
 SLOTS = 2
 
