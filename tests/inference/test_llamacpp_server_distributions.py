@@ -34,7 +34,7 @@ LANG = IntegerAnswers(0, 100)
 # GBNF costs llama.cpp more than half its speed (docs/shared-answers.md), and both are
 # applied by the same sampler (draw, then resample under the grammar if rejected).
 NUMBER = OutputConstraint(gbnf=number_lark(0, 100))
-AGENTS = 200
+AGENTS = 120
 SLOTS = 2
 
 
@@ -114,7 +114,7 @@ def _p_same(a: list[str], b: list[str]) -> float:
 @pytest.mark.slow
 @pytest.mark.llm
 def test_shared_draws_match_per_agent_calls_through_the_server():
-    """200 agents with one prompt: each agent's draw from the distribution against one
+    """120 agents with one prompt: each agent's draw from the distribution against one
     grammar-constrained sampled call per agent, same server, fixed seeds. The same test tells
     draws at temperature 0.3 apart (its power)."""
     seeds = (np.arange(AGENTS, dtype=np.int64) * 7919 + 13) % (2**31 - 1)
