@@ -193,10 +193,10 @@ BACKENDS: dict[str, BackendPlugin] = {plugin.name: plugin for plugin in (
                   identity=lambda s: {"model": s.model, "api": s.api},
                   takes_endpoints=True, routes="OpenAI (vLLM)",
                   request_model=lambda s: s.model,
-                  share_limit="only vLLM servers' log-probabilities are modelled: set "
-                              "agents.openai.answer_distributions = \"vllm\" when the "
-                              "servers are vLLM (elsewhere agents with one prompt can share "
-                              "a request: agents.openai.n_per_request)",
+                  share_limit="only vLLM's and llama.cpp's servers' log-probabilities are "
+                              "modelled: set agents.openai.answer_distributions = \"vllm\" "
+                              "or \"llamacpp\" to match the servers (elsewhere agents with "
+                              "one prompt can share a request: agents.openai.n_per_request)",
                   label=lambda table, game: f"openai:{table.get('model', 'default')}"),
 )}
 #: ``agents.backend`` when the config names none.

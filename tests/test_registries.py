@@ -43,9 +43,9 @@ ALLOWED = frozenset({
     # `simpipe bench share --case openai` is a case's name (the bench's own row), not a
     # back-end decision.
     ("pipeline/bench/share.py", "openai", "compare"),
-    # `agents.openai.answer_distributions = "vllm"` names the wire protocol of log-probabilities
-    # (vLLM's routes), not the server kind.
-    ("pipeline/inference/openai_compat.py", "vllm", "compare"),
+    # `agents.openai.answer_distributions = "llamacpp"` names the wire protocol of
+    # log-probabilities (llama.cpp's server routes, vLLM's the other case), not a back-end.
+    ("pipeline/inference/openai_compat.py", "llamacpp", "compare"),
     # The [cluster.servers.emulated] table of a config being rewritten, not the kind.
     ("pipeline/run/emulate.py", "emulated", "key"),
     # The emulator's wire protocols (HTTP route sets and error styles), named after the

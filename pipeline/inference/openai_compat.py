@@ -2,8 +2,10 @@
 
 Prompt requests go to ``/v1/completions`` (or, with ``api = "chat"``, to
 ``/v1/chat/completions`` as one user message); message requests always go to
-``/v1/chat/completions``. ``top_p`` is omitted at 1.0 (everyone's default) to keep the
-body small; ``temperature`` is always sent (0 is valid OpenAI-wide: greedy).
+``/v1/chat/completions``. ``top_p`` is omitted at 1.0 (OpenAI's and vLLM's default) to keep
+the body small, except to servers known to be llama.cpp's (``answer_distributions =
+"llamacpp"``), whose default is 0.95: they get top_p, top_k and min_p always;
+``temperature`` is always sent (0 is valid OpenAI-wide: greedy).
 
 Output constraints (``settings.constraint``), from the servers' sources:
 - ``"grammar"``: llama.cpp's top-level ``grammar`` (GBNF).
@@ -41,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from simpipe import aio
-from simpipe.inference import vllm_logprobs, vllm_sampler
+from simpipe.inference import llamacpp_logprobs, vllm_logprobs, vllm_sampler
 from simpipe.inference.answer_checks import (
     MalformedAnswer,
     checked_answer,
@@ -52,6 +54,7 @@ from simpipe.inference.answer_distribution import Probe, ProbeError
 from simpipe.inference.base import AnswerColumns, GenerationRequest, OutputConstraint
 from simpipe.inference.gguf_vocab import AnswerVocab
 from simpipe.inference.http import HttpBackend, RequestFailed, seed_template
+from simpipe.inference.llamacpp_sampler import next_token as llamacpp_next_token
 from simpipe.inference.settings import OpenAISettings
 
 # json.dumps with its cached default encoder measured fastest (ASCII escapes are valid JSON).
@@ -68,14 +71,17 @@ class OpenAIBackend(HttpBackend):
         self._model = settings.model
         self._chat = settings.api == "chat"
         self._constraint = settings.constraint
-        # Answer distributions over HTTP: only where the servers' kind is known.
-        self.supports_answer_distributions = settings.answer_distributions == "vllm"
-        self.answer_sampler = vllm_sampler.next_token
+        # Answer distributions over HTTP: only where the servers' kind is known, each with
+        # its server's routes and sampler model.
+        self._llamacpp = settings.answer_distributions == "llamacpp"
+        self.supports_answer_distributions = settings.answer_distributions != "off"
+        self.answer_sampler = (llamacpp_next_token if self._llamacpp
+                               else vllm_sampler.next_token)
         self._vocabs: dict[frozenset[str], AnswerVocab] = {}
 
     @classmethod
     def shares_answers(cls, settings: Any) -> bool:
-        return settings.answer_distributions == "vllm"
+        return settings.answer_distributions != "off"
 
     def _post(self, path: str, body: dict) -> Any:
         """One request from a worker thread, through the pool (retries, counters)."""
@@ -95,15 +101,20 @@ class OpenAIBackend(HttpBackend):
         (asked once per alphabet and back-end)."""
         vocab = self._vocabs.get(alphabet)
         if vocab is None:
-            vocab = self._vocabs[alphabet] = vllm_logprobs.answer_vocab(
-                self._post_many, self._model, alphabet)
+            vocab = self._vocabs[alphabet] = (
+                llamacpp_logprobs.answer_vocab(self._post_many, alphabet) if self._llamacpp
+                else vllm_logprobs.answer_vocab(self._post_many, self._model, alphabet))
         return vocab
 
     @contextlib.contextmanager
     def logprob_session(self, prompt: str) -> Iterator[Probe]:
-        """``probe(path, top_n)`` after ``prompt`` (``vllm_logprobs.session``)."""
-        yield from vllm_logprobs.session(self._post, self._model, prompt,
-                                         self.settings.max_logprobs)
+        """``probe(path, top_n)`` after ``prompt`` (``llamacpp_logprobs.session`` or
+        ``vllm_logprobs.session``)."""
+        if self._llamacpp:
+            yield from llamacpp_logprobs.session(self._post, prompt)
+        else:
+            yield from vllm_logprobs.session(self._post, self._model, prompt,
+                                             self.settings.max_logprobs)
 
     def _encode(self, req: GenerationRequest, n: int = 1) -> tuple[str, bytes]:
         body: dict[str, Any] = {"model": self._model}
@@ -118,12 +129,15 @@ class OpenAIBackend(HttpBackend):
             body["prompt"] = req.prompt
         body["max_tokens"] = req.max_tokens
         body["temperature"] = req.temperature
-        if req.top_p != 1.0:
+        if req.top_p != 1.0 or self._llamacpp:
             body["top_p"] = req.top_p
         # Not OpenAI's own parameters, but vLLM, SGLang and llama.cpp's server take them.
-        if req.top_k > 0:
+        # llama.cpp's server has its own defaults (top_p 0.95, top_k 40, min_p 0.05): to
+        # known llama.cpp servers every value goes, so the calls sample what the answer
+        # distributions model.
+        if req.top_k > 0 or self._llamacpp:
             body["top_k"] = req.top_k
-        if req.min_p > 0:
+        if req.min_p > 0 or self._llamacpp:
             body["min_p"] = req.min_p
         body["seed"] = req.seed
         if n > 1:  # absent at 1, so a lone agent's body is the per-agent one

@@ -185,16 +185,19 @@ class OpenAISettings(HttpSettings):
         "Messages API does not. The request carries its first agent's seed: llama.cpp's "
         "server samples choice i with seed + i, vLLM draws every choice from the one seed "
         "([shared answers](shared-answers.md#several-samples-per-request-n)); at most 1,024"))
-    answer_distributions: Literal["off", "vllm"] = Field("off", description=(
-        "`vllm`: the servers are vLLM, and agents with one prompt draw from one answer "
-        "distribution computed from next-token log-probabilities (`/tokenize`, then "
-        "`/v1/completions` with token-id prompts, `logprobs` and "
-        "`return_tokens_as_token_ids`; vLLM's sampler order); `off`: one request per agent "
+    answer_distributions: Literal["off", "vllm", "llamacpp"] = Field("off", description=(
+        "agents with one prompt draw from one answer distribution computed from the "
+        "servers' next-token log-probabilities, with that server's sampler model: `vllm` "
+        "(`/tokenize`, then `/v1/completions` with token-id prompts, `logprobs` and "
+        "`return_tokens_as_token_ids`; vLLM's sampler order) or `llamacpp` (llama.cpp's "
+        "own server: `/tokenize`, then `/completion` with `n_probs`; llama.cpp's "
+        "grammar sampler; top_p, top_k and min_p are then always sent, as llama.cpp's "
+        "defaults are not off); `off`: one request per agent "
         "([shared answers](shared-answers.md#answer-distributions-over-http))"))
     max_logprobs: StrictInt = Field(20, ge=1, le=MAX_TOP_K, description=(
         "the servers' `--max-logprobs` (vLLM's default: 20): the most top log-probabilities "
         "one probe asks for; raise both for models whose answer tokens are not all among "
-        "the top 20"))
+        "the top 20 (`vllm` only: llama.cpp's `n_probs` has no cap)"))
 
 
 class SamplingSettings(_Section):
