@@ -131,10 +131,11 @@ def test_the_progress_line_states_agents_prompts_calls_and_eta():
 @pytest.mark.llm
 @pytest.mark.slow
 def test_an_llm_partition_reports_agents_before_it_finishes(client, tmp_path):
-    # One partition; three education levels: three prompts, each answered from its own
-    # distribution, one after another, each reported as its agents draw from it.
+    # One partition; three education levels: three prompts of about five agents each, too
+    # few for a full tree, so each is walked lazily in the partition's chain, one after
+    # another, and reported as its agents' walks end.
     config = small_config(
-        tmp_path, population={"size": 30, "partitions": 1,
+        tmp_path, population={"size": 15, "partitions": 1,
                               "persona": {"mode": "template",
                                           "template": "Your education: {education}."}},
         game={"rounds": 1},

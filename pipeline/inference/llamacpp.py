@@ -207,8 +207,10 @@ def build_params(
     # harmless ones, e.g. a fully cached prompt); 1 keeps errors, which a request also
     # returns as its own error.
     params.verbosity = verbosity
-    # Server-side defaults for requests that do not set them (llama.cpp's are top_k 40 and
-    # min_p 0.05): off, so that a client's temperature and top_p mean what they say.
+    # Server-side defaults for requests that do not set them (llama.cpp's are top_p 0.95,
+    # top_k 40 and min_p 0.05): off, so that a client that leaves top_p out at 1.0 (the
+    # OpenAI-wide default) and a client's temperature get what they say.
+    params.sampling.top_p = 1.0
     params.sampling.top_k = 0
     params.sampling.min_p = 0.0
     # No host-memory prompt cache: a request could otherwise resume from a state that some

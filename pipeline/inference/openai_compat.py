@@ -2,9 +2,10 @@
 
 Prompt requests go to ``/v1/completions`` (or, with ``api = "chat"``, to
 ``/v1/chat/completions`` as one user message); message requests always go to
-``/v1/chat/completions``. ``top_p`` is omitted at 1.0 (OpenAI's and vLLM's default) to keep
-the body small, except to servers known to be llama.cpp's (``answer_distributions =
-"llamacpp"``), whose default is 0.95: they get top_p, top_k and min_p always;
+``/v1/chat/completions``. ``top_p`` is always sent (an OpenAI-wide field: a stock llama.cpp
+server's own default is 0.95, not 1.0); ``top_k`` and ``min_p`` only when set, except to servers
+known to be llama.cpp's (``answer_distributions = "llamacpp"``, whose defaults are 40 and
+0.05): they get them always (OpenAI itself refuses both fields);
 ``temperature`` is always sent (0 is valid OpenAI-wide: greedy).
 
 Output constraints (``settings.constraint``), from the servers' sources:
@@ -129,8 +130,7 @@ class OpenAIBackend(HttpBackend):
             body["prompt"] = req.prompt
         body["max_tokens"] = req.max_tokens
         body["temperature"] = req.temperature
-        if req.top_p != 1.0 or self._llamacpp:
-            body["top_p"] = req.top_p
+        body["top_p"] = req.top_p
         # Not OpenAI's own parameters, but vLLM, SGLang and llama.cpp's server take them.
         # llama.cpp's server has its own defaults (top_p 0.95, top_k 40, min_p 0.05): to
         # known llama.cpp servers every value goes, so the calls sample what the answer

@@ -335,9 +335,10 @@ class _CellConsole(Console):
         if self.shown:
             tqdm.write(f"warning: {self.cell}: {text}", file=sys.stderr)
 
-    def progress(self, total: int, desc: str) -> tqdm:
-        return tqdm(total=total, desc=f"{self.cell} {desc}", unit="part", leave=False,
-                    disable=None if self.shown else True, file=sys.stderr)
+    def progress(self, total: int, desc: str, unit: str = "part") -> tqdm:
+        return tqdm(total=total, desc=f"{self.cell} {desc}", unit=unit, leave=False,
+                    unit_scale=unit == "agent", disable=None if self.shown else True,
+                    file=sys.stderr)
 
 
 def run_experiment(experiment: Experiment, *, force: bool = False,
