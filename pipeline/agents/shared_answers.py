@@ -28,6 +28,7 @@ from simpipe.games.answer_format import IntegerAnswers
 from simpipe.games.config import AnyGameConfig
 from simpipe.inference.answer_distribution import (
     AnswerDistribution,
+    Probe,
     ProbeError,
     TooMuchUnseen,
     answer_distribution,
@@ -173,14 +174,30 @@ class SharedAnswers:
 
     def _compute(self, prompt: str, settings: ChainSettings, max_tokens: int,
                  bounds: tuple[float, float], max_unseen: float) -> Lookup:
+        with self.backend.logprob_session(prompt) as probe:  # type: ignore[attr-defined]
+            return self._walk_tree(probe, settings, max_tokens, bounds, max_unseen)
+
+    def compute_chain(self, prompts: list[str], settings: ChainSettings, max_tokens: int,
+                      bounds: tuple[float, float], max_unseen: float) -> list[Lookup]:
+        """Full distributions of ``prompts``, in this order, as one chain of probes where the
+        back-end has one (``logprob_chain``): each prompt is evaluated on top of the prefix
+        its predecessor left, so it costs its distinct suffix. The numbers then depend on
+        the list (its order and contents), so they are never cached: the caller (the round
+        plan) makes the list the same on every run."""
+        if not hasattr(self.backend, "logprob_chain"):
+            return [self._compute(p, settings, max_tokens, bounds, max_unseen) for p in prompts]
+        with self.backend.logprob_chain() as probe_for:
+            return [self._walk_tree(probe_for(p), settings, max_tokens, bounds, max_unseen)
+                    for p in prompts]
+
+    def _walk_tree(self, probe: Probe, settings: ChainSettings, max_tokens: int,
+                   bounds: tuple[float, float], max_unseen: float) -> Lookup:
         language = IntegerAnswers(*bounds)
         backend = self.backend
         vocab = backend.answer_vocab(language.alphabet)  # type: ignore[attr-defined]
         try:
-            with backend.logprob_session(prompt) as probe:  # type: ignore[attr-defined]
-                dist = answer_distribution(probe, language, vocab, settings, max_tokens,
-                                           max_unseen=max_unseen,
-                                           sampler=backend.answer_sampler)
+            dist = answer_distribution(probe, language, vocab, settings, max_tokens,
+                                       max_unseen=max_unseen, sampler=backend.answer_sampler)
         except TooMuchUnseen as exc:
             c = exc.cost
             return Lookup(None, True, c.calls, c.tokens_in, c.tokens_out, str(exc))

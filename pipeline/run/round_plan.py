@@ -63,7 +63,7 @@ from simpipe.store.layout import RunPaths
 
 #: Prompts per stage-2 task: a distribution is ~22 one-token calls (~0.5 s on 2 cores), so
 #: a chunk is seconds of work, and a round of ~1,000 prompts is ~60 tasks to spread.
-CHUNK_PROMPTS = 4  # small: round 1's few shared prompts still spread over the workers
+CHUNK_PROMPTS = 8  # small enough that round 1's few shared prompts spread over the workers
 
 _EMPTY = np.empty(0, np.uint64)
 
@@ -194,8 +194,15 @@ def plan_chunk(config: Config, hashes: np.ndarray, *texts_by_part: dict[int, str
     s = config.agents
     settings = ChainSettings(s.temperature, s.top_p, s.top_k, s.min_p)
     bounds = game_for(config.game).answer().bounds
-    lookups = [shared.lookup(texts[h], settings, s.max_tokens, bounds, s.share_max_unseen)
-               for h in wanted]
+    # The chunk's prompts in text order, one chain: neighbours share the rules and often the
+    # persona, so each costs its distinct suffix. The chunk (hash order, fixed size) and this
+    # order depend only on the prompts, so the numbers are the same on any worker.
+    order = sorted(range(len(wanted)), key=lambda i: texts[wanted[i]])
+    chained = shared.compute_chain([texts[wanted[i]] for i in order], settings, s.max_tokens,
+                                   bounds, s.share_max_unseen)
+    lookups: list[Lookup] = [None] * len(wanted)  # type: ignore[list-item]
+    for i, found in zip(order, chained, strict=True):
+        lookups[i] = found
     return PlannedChunk([texts[h] for h in wanted], wanted, lookups)
 
 
