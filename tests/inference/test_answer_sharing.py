@@ -17,7 +17,7 @@ import pytest
 from scipy import stats
 
 from simpipe.agents.llm import prompting, requests_for
-from simpipe.agents.shared_answers import SharedAnswers, draw_uniforms
+from simpipe.agents.shared_answers import SharedAnswers, step_uniforms
 from simpipe.config import config_from_dict
 from simpipe.games.beauty_contest.prompts import HistoryItem
 from simpipe.games.parsing import parse_many
@@ -89,8 +89,9 @@ def test_shared_draws_match_one_call_per_agent(backend, case: str) -> None:
     dist = found.distribution
     assert dist is not None, found.problem
     assert dist.unseen_mass <= 1e-4
-    drawn = np.asarray(dist.texts, dtype=object)[
-        dist.draw(draw_uniforms(np.arange(10_000, 10_000 + SHARED)))]
+    # Agents' answers as the run draws them: walked through the tree, a uniform per step.
+    drawn = dist.walk(step_uniforms(np.arange(10_000, 10_000 + SHARED), MAX_TOKENS))
+    assert None not in drawn
 
     g_called, s_called = parse_many(called, 0, 100)
     g_drawn, s_drawn = parse_many(list(drawn), 0, 100)
