@@ -42,6 +42,9 @@ ENDOWMENT_LIMIT = 1_000_000
 DEFAULT_KIND = "beauty_contest"
 # The beauty contest's prompt options added after runs were made (left out of the dump when off).
 PROMPT_OPTIONS = ("rational_players", "predict_others")
+# Prompt settings added after runs were made, with the value that gives those runs' prompts:
+# left out of the dump at that value, so such a run keeps its hash and resumes with it.
+EARLIER_PROMPTS = {"history_layout": "by_round"}
 
 
 def parse_ratio(value: object) -> Fraction:
@@ -99,6 +102,12 @@ class BeautyContestConfig(GameSettings):
     predict_others: bool = Field(False, description=(
         "ask the agents to predict the average of the other players' numbers before giving "
         "their own; the answer then ends in `Final answer:` and the number, as with `cot`"))
+    history_layout: Literal["split", "by_round"] = Field("split", description=(
+        "how a prompt shows earlier rounds. `split`: the announced winning numbers, then "
+        "the round line, then the agent's own numbers last (what agents share comes first, "
+        "so a distinct prompt costs only its last line: [shared answers](shared-answers.md)); "
+        "`by_round`: one line per round with both (\"Round 1: you chose 50; the winning "
+        "number was 33.3.\"), the earlier default"))
 
     @property
     def free_text_answer(self) -> bool:
@@ -111,6 +120,9 @@ class BeautyContestConfig(GameSettings):
         data = handler(self)
         for key in PROMPT_OPTIONS:
             if not getattr(self, key):
+                data.pop(key, None)
+        for key, earlier in EARLIER_PROMPTS.items():
+            if getattr(self, key) == earlier:
                 data.pop(key, None)
         return data
 
@@ -244,6 +256,14 @@ GameConfig = Annotated[
     WrapValidator(_one_game_table),
 ]
 _GAME_ADAPTER: TypeAdapter[AnyGameConfig] = TypeAdapter(GameConfig)
+
+
+def stored_table(raw: Any) -> Any:
+    """A ``[game]`` table from a run's ``run.json`` with the ``EARLIER_PROMPTS`` it leaves
+    out put back (the dump drops them at those values), so it reads back as it was run."""
+    if not isinstance(raw, Mapping) or raw.get("kind", DEFAULT_KIND) != DEFAULT_KIND:
+        return raw
+    return {**EARLIER_PROMPTS, **raw}
 
 
 def game_config(raw: Any) -> AnyGameConfig:

@@ -1,15 +1,29 @@
 """Prompt text for any game: its rules, the agent's persona, the agent's own history.
 
-Layout, most shared first, so servers with prefix caching reuse the longest common prefix:
+Layout, most shared first, so that an engine reusing a common prefix (llama.cpp's slot
+cache, vLLM's and TGI's prefix caches, the embedded engine's probe chains) evaluates only
+where prompts differ:
 
     rules -> round instruction                    identical for every agent and every round
     persona                                        per agent, identical across rounds
-    own history, oldest first                      per agent, grows append-only
-    round line + answer cue                        the only text that changes every round
+    announced results, oldest first                identical within a group (split layout)
+    round line                                     identical for every agent of the round
+    own earlier answers                            per agent: the distinct suffix
+    answer cue
 
-The round number therefore sits after the history: an agent's round-r prompt extends its
-round-(r-1) prompt up to the round line. The game supplies the rules, the instruction, the
-cue and how one earlier round reads (``Game.prompt_texts``); the layout is the same for all.
+That is the split layout, for games whose history splits into what the group was told and
+the agent's own part (``PromptTexts.split_history``; the beauty contest by default). Round
+by round instead (``history_line``, one line per earlier round with both parts):
+
+    rules -> round instruction, persona
+    own history, oldest first                      per agent, grows append-only
+    round line + answer cue
+
+After round 1 nearly every agent's prompt is distinct (its own answers), so what a distinct
+prompt costs is the text after the point where it leaves its sorted neighbour: the split
+layout puts the shared announced numbers before that point and only the own answers after
+it (measured in docs/measurements.md). The game supplies the rules, the instruction, the
+cue and how its history reads (``Game.prompt_texts``); the layout is the same for all.
 
 Two shapes: "completion" (one plain text for base models such as Gemma 3 270M, ending in an
 answer cue) and "chat" (OpenAI-style messages: system = shared rules and instruction,
@@ -57,6 +71,7 @@ class PromptBuilder:
         self.system = f"{self.rules}\n\n{self.instruction}"
         self._rounds = texts.rounds
         self._history_line = texts.history_line
+        self._split_history = texts.split_history
         # Announced numbers are shared and answers repeat a lot: format each distinct line once.
         self._lines: dict[Hashable, str] = {}
 
@@ -79,7 +94,11 @@ class PromptBuilder:
 
     def _render(self, persona: str | None, history: Sequence[Hashable], line: str) -> Prompt:
         about = f"About you: {persona.strip()}\n\n" if persona and not persona.isspace() else ""
-        tail = about + history_text(history, self._line) + line
+        if self._split_history is not None and history:
+            told, own = self._split_history(history)
+            tail = f"{about}{told}\n\n{line}\n{own}"
+        else:
+            tail = about + history_text(history, self._line) + line
         if self.style == "completion":
             return f"{self.prefix}{tail}\n{self.cue}"
         return (

@@ -7,7 +7,7 @@ from typing import Any
 
 from simpipe.games.base import Game
 from simpipe.games.beauty_contest.game import BeautyContest
-from simpipe.games.config import GAME_CONFIGS, AnyGameConfig, game_config
+from simpipe.games.config import GAME_CONFIGS, AnyGameConfig, game_config, stored_table
 from simpipe.games.public_goods.game import PublicGoods
 
 GAMES: dict[str, type[Game]] = {game.kind: game for game in (BeautyContest, PublicGoods)}
@@ -23,5 +23,6 @@ def game_for(config: AnyGameConfig) -> Game:
 
 def game_from_dict(raw: Any) -> Game:
     """The game of a ``[game]`` table as stored in a run's ``run.json``; pydantic's
-    ValidationError (a ValueError) when the table is not one."""
-    return game_for(game_config(raw))
+    ValidationError (a ValueError) when the table is not one. A stored table without a
+    prompt setting added later was made with that setting's earlier value."""
+    return game_for(game_config(stored_table(raw)))

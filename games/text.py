@@ -4,7 +4,7 @@ hands the common prompt layout (``simpipe.games.prompts.PromptBuilder``)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
 COT_CUE = "Let's think step by step."
@@ -34,3 +34,7 @@ class PromptTexts:
     cot: bool
     # One earlier round as the agent saw it; items are hashable (lines are cached by item).
     history_line: Callable[[Hashable], str]
+    # Optional: the history in two parts, (what everyone in the agent's group was told,
+    # the agent's own part), so the told part joins the prefix agents share and a distinct
+    # prompt differs only in its last line. None lays the history out round by round.
+    split_history: Callable[[Sequence[Hashable]], tuple[str, str]] | None = None

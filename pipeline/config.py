@@ -362,6 +362,18 @@ class Config(_Section):
         hash_view(data["agents"], endpoint_backends())
         return _digest(data)
 
+    def resume_hint(self, stored_hash: str) -> str:
+        """Why a run folder with ``stored_hash`` does not match this config, where a known
+        change of defaults explains it; "" otherwise."""
+        game = self.game
+        if getattr(game, "history_layout", None) == "split":
+            earlier = self.model_copy(update={
+                "game": game.model_copy(update={"history_layout": "by_round"})})
+            if earlier.results_hash() == stored_hash:
+                return ("; it was made with the earlier prompt layout: set "
+                        'game.history_layout = "by_round" to resume it as it began')
+        return ""
+
     def population_hash(self) -> str:
         """Hash of what decides the population: its spec and the seed, and for LLM personas
         the generator model and the meta-prompt wording."""

@@ -16,6 +16,7 @@ from simpipe.run.console import Console
 from simpipe.run.round_plan import (
     PlannedChunk,
     PromptTally,
+    chunk_size,
     layout,
     planned_for,
     plans_rounds,
@@ -37,10 +38,18 @@ def test_a_prompt_worth_a_distribution_is_counted_over_all_partitions():
     # though neither partition alone would share it. Prompt 9 has one agent in all.
     plan = layout([tally(0, {7: 1, 5: 30}), tally(1, {7: 1, 9: 1, 5: 2})], min_agents=2)
     assert plan.distinct == 3
-    assert [c.tolist() for c in plan.chunks] == [[5, 7]]
+    assert [c.tolist() for c in plan.chunks] == [[5], [7]]  # two prompts: one task each
     assert plan.planned == 2
     # The lowest-numbered partition holding a prompt carries its cost, once.
     assert {k: v.tolist() for k, v in plan.owned.items()} == {0: [5, 7]}
+
+
+def test_few_prompts_are_spread_over_tasks_and_many_are_chunks_of_eight():
+    # The chunk size depends on the number of planned prompts only (never on the workers):
+    # round 1's few shared prompts become at least 4 tasks, a big round chunks of 8.
+    assert [chunk_size(n) for n in (1, 4, 8, 10, 16, 32, 33, 1010)] == [1, 1, 2, 3, 4, 8, 8, 8]
+    tallies = [tally(0, {h: 2 for h in range(8)})]
+    assert [c.size for c in layout(tallies, min_agents=2).chunks] == [2, 2, 2, 2]
 
 
 def test_chunks_are_fixed_size_in_hash_order_whatever_order_tallies_arrive_in():

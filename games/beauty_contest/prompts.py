@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Sequence
 from typing import NamedTuple
 
 from simpipe.games.answer_format import ANSWER_MARKER
@@ -92,8 +94,35 @@ def history_line(item: HistoryItem) -> str:
     return f"Round {item.round + 1}: {own}; {win}."
 
 
+@functools.lru_cache(maxsize=1 << 16)
+def _number_or(x: float | None, missing: str) -> str:
+    return missing if x is None or not math.isfinite(x) else fmt_number(x)
+
+
+def _rounds_label(n: int) -> str:
+    return "round 1" if n == 1 else f"rounds 1 to {n}"
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _told_text(winning: tuple[float | None, ...]) -> str:
+    # Every agent of a group was told the same numbers: built once per group and round.
+    noun = "number" if len(winning) == 1 else "numbers"
+    values = ", ".join(_number_or(w, "none announced") for w in winning)
+    return f"Winning {noun} of {_rounds_label(len(winning))}: {values}."
+
+
+def split_history(history: Sequence[HistoryItem]) -> tuple[str, str]:
+    """(``"Winning numbers of rounds 1 to 2: 33.33, 24.7."``, ``"Your numbers in rounds 1
+    to 2: 50, 30."``): the announced part every agent of a group shares, then its own."""
+    told = _told_text(tuple(item.winning_number for item in history))
+    noun = "number" if len(history) == 1 else "numbers"
+    own = ", ".join(_number_or(item.own_guess, "invalid") for item in history)
+    return told, f"Your {noun} in {_rounds_label(len(history))}: {own}."
+
+
 def prompt_texts(game: BeautyContestConfig, marker: str = ANSWER_MARKER) -> PromptTexts:
     cue = PREDICTION_CUE if game.predict_others else COMPLETION_CUE
+    split = split_history if game.history_layout == "split" else None
     return PromptTexts(rules=rules_text(game), instruction=instruction_text(game, marker),
                        cue=cue, rounds=game.rounds, cot=game.prompt == "cot",
-                       history_line=history_line)
+                       history_line=history_line, split_history=split)

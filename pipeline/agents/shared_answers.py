@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,6 +28,7 @@ from simpipe.backends import BACKENDS
 from simpipe.games.answer_format import IntegerAnswers
 from simpipe.games.config import AnyGameConfig
 from simpipe.inference.answer_distribution import (
+    PRUNE_BELOW,
     AnswerDistribution,
     Probe,
     ProbeError,
@@ -81,6 +83,28 @@ def full_tree_pays(agents_on_prompt: int) -> bool:
     not depend on what ran before or beside.
     """
     return agents_on_prompt * FIRST_WALK_PROBES >= FULL_TREE_PROBES
+
+
+# What a walk into a pruned prefix costs instead: one sampled call of its own for that agent
+# (its prompt evaluated on top of its predecessor's in a serial batch, then ~4 decodes).
+OWN_CALL_S = 0.3
+# Never prune where more than this share of a prompt's agents would expect calls of their own.
+MAX_PRUNE = 1e-3
+
+
+def prune_below(agents_on_prompt: int) -> float:
+    """The reach below which a planned tree leaves a prefix unprobed, for a prompt that
+    ``agents_on_prompt`` agents of the round draw from.
+
+    Pruning a prefix reached with probability r saves at least one probe (PROBE_S) and
+    costs an expected ``agents * r`` calls of their own (OWN_CALL_S each), so it pays for
+    ``r < PROBE_S / (agents * OWN_CALL_S)``. With a thousand agents on a prompt that leaves
+    out the answers written without a leading space (about 1e-6 each, ten prefixes): about
+    ten of a tree's 22 probes. Depends on the round's count only, so the tree, and hence the
+    answers, are the same on every run and cluster.
+    """
+    scaled = PROBE_S / (max(agents_on_prompt, 1) * OWN_CALL_S)
+    return max(PRUNE_BELOW, min(MAX_PRUNE, scaled))
 
 
 def worth_a_distribution(n_agents: int, min_agents: int, lazy_walks: bool = False) -> bool:
@@ -173,31 +197,40 @@ class SharedAnswers:
             event.set()
 
     def _compute(self, prompt: str, settings: ChainSettings, max_tokens: int,
-                 bounds: tuple[float, float], max_unseen: float) -> Lookup:
+                 bounds: tuple[float, float], max_unseen: float,
+                 prune: float = PRUNE_BELOW) -> Lookup:
         with self.backend.logprob_session(prompt) as probe:  # type: ignore[attr-defined]
-            return self._walk_tree(probe, settings, max_tokens, bounds, max_unseen)
+            return self._walk_tree(probe, settings, max_tokens, bounds, max_unseen, prune)
 
     def compute_chain(self, prompts: list[str], settings: ChainSettings, max_tokens: int,
-                      bounds: tuple[float, float], max_unseen: float) -> list[Lookup]:
+                      bounds: tuple[float, float], max_unseen: float,
+                      agents: Sequence[int] | None = None) -> list[Lookup]:
         """Full distributions of ``prompts``, in this order, as one chain of probes where the
         back-end has one (``logprob_chain``): each prompt is evaluated on top of the prefix
         its predecessor left, so it costs its distinct suffix. The numbers then depend on
         the list (its order and contents), so they are never cached: the caller (the round
-        plan) makes the list the same on every run."""
+        plan) makes the list the same on every run. ``agents``: how many agents of the
+        round draw from each prompt; its tree leaves out what ``prune_below`` says."""
+        prunes = ([prune_below(k) for k in agents] if agents is not None
+                  else [PRUNE_BELOW] * len(prompts))
         if not hasattr(self.backend, "logprob_chain"):
-            return [self._compute(p, settings, max_tokens, bounds, max_unseen) for p in prompts]
+            return [self._compute(p, settings, max_tokens, bounds, max_unseen, prune)
+                    for p, prune in zip(prompts, prunes, strict=True)]
         with self.backend.logprob_chain() as probe_for:
-            return [self._walk_tree(probe_for(p), settings, max_tokens, bounds, max_unseen)
-                    for p in prompts]
+            return [self._walk_tree(probe_for(p), settings, max_tokens, bounds, max_unseen,
+                                    prune)
+                    for p, prune in zip(prompts, prunes, strict=True)]
 
     def _walk_tree(self, probe: Probe, settings: ChainSettings, max_tokens: int,
-                   bounds: tuple[float, float], max_unseen: float) -> Lookup:
+                   bounds: tuple[float, float], max_unseen: float,
+                   prune: float = PRUNE_BELOW) -> Lookup:
         language = IntegerAnswers(*bounds)
         backend = self.backend
         vocab = backend.answer_vocab(language.alphabet)  # type: ignore[attr-defined]
         try:
             dist = answer_distribution(probe, language, vocab, settings, max_tokens,
-                                       max_unseen=max_unseen, sampler=backend.answer_sampler)
+                                       max_unseen=max_unseen, prune_below=prune,
+                                       sampler=backend.answer_sampler)
         except TooMuchUnseen as exc:
             c = exc.cost
             return Lookup(None, True, c.calls, c.tokens_in, c.tokens_out, str(exc))

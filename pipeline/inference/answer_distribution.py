@@ -49,7 +49,21 @@ Sampler = Callable[[TopLogprobs, frozenset[int] | set[int], int, ChainSettings],
 Probe = Callable[[tuple[int, ...], int], tuple[TopLogprobs, int, int]]
 
 DEFAULT_TOP_N = 256  # measured: 24 ms per call against 22 ms for 64 (Gemma 3 270M, cached)
-RETRY_TOP_N = 4096  # asked again at the prefixes whose top 256 leave too much unseen
+RETRY_TOP_N = 4096  # asked again at the prefixes whose first top n leave too much unseen
+# Measured per call (Gemma 3 270M, 2 threads, prompt cached): top 256: 25 ms, 1024: 32 ms,
+# 4096: 55 ms. The root admits a space and the ten digits. After an answer cue the space
+# takes nearly all the mass, so the digits sit below the top 256 and bound 2-3e-4 of the
+# answer mass as unseen, over the allowance, on every prompt measured (12 round-3 prompts
+# of the paper's population); the top 1024 bound 2-3e-5. Asking the root for 1024 at once
+# costs one call of 32 ms instead of two (25 + 55 ms): docs/measurements.md.
+ROOT_TOP_N = 1024
+
+
+def first_top_n(path: tuple[int, ...]) -> int:
+    """How many tokens a prefix is asked for first."""
+    return DEFAULT_TOP_N if path else ROOT_TOP_N
+
+
 PRUNE_BELOW = 1e-7
 MAX_PASSES = 4
 
@@ -67,6 +81,9 @@ class AnswerDistribution:
     tokens_out: int
     shape: TreeShape | None = None
     nodes: Mapping[Path, NextToken] = field(default_factory=dict)
+    # The answer mass under prefixes left unprobed as too unlikely (``prune_below``): an
+    # agent whose walk goes there is answered by a call of its own, not by this tree.
+    pruned_mass: float = 0.0
 
     def walk(self, uniforms: np.ndarray) -> list[str | None]:
         """Each agent's answer for its row of per-step uniforms (``answer_tree``), the
@@ -114,6 +131,7 @@ class _Walk:
         self.probe, self.shape, self.sampler = probe, shape, sampler
         self.settings, self.prune_below = settings, prune_below
         self.cost = Cost()
+        self.pruned_mass = 0.0  # of the last run
         self._memo: dict[tuple[tuple[int, ...], int], TopLogprobs] = {}
 
     def _top(self, path: tuple[int, ...], top_n: int) -> TopLogprobs:
@@ -127,31 +145,29 @@ class _Walk:
             self._memo[key] = top
         return top
 
-    def node(self, path: Path, text: str, wide: bool) -> NextToken:
-        """The next-token distribution after ``path``: from its top ``DEFAULT_TOP_N``
-        tokens (``RETRY_TOP_N`` when ``wide``, or when fewer do not decide it)."""
+    def node(self, path: Path, text: str, top_n: int) -> tuple[NextToken, int]:
+        """(the next-token distribution after ``path``, how many tokens decided it): from
+        its top ``top_n`` tokens, or ``RETRY_TOP_N`` when fewer do not decide it."""
         valid = self.shape.valid(text)
-        top_n = RETRY_TOP_N if wide else DEFAULT_TOP_N
-        while True:
-            top = self._top(path, top_n)
+        for n in sorted({top_n, RETRY_TOP_N}):
+            top = self._top(path, n)
             seen = set(top.ids)
             result = self.sampler(top, valid, sum(t not in seen for t in valid),
                                   self.settings)
             if result is not None:
-                return result
-            if top_n >= RETRY_TOP_N:
-                raise TooMuchUnseen(f"prefix {text!r}: even the top {RETRY_TOP_N} tokens "
-                                    "do not decide the next token", self.cost)
-            top_n = RETRY_TOP_N
+                return result, n
+        raise TooMuchUnseen(f"prefix {text!r}: even the top {RETRY_TOP_N} tokens "
+                            "do not decide the next token", self.cost)
 
     def run(self, wide: frozenset[tuple[int, ...]]
             ) -> tuple[dict[str, float], float, dict[tuple[int, ...], float],
                        dict[Path, NextToken]]:
         """(answers, unseen mass, each probed prefix's share of the unseen mass, each
         probed prefix's next-token distribution); the prefixes in ``wide`` are asked for
-        ``RETRY_TOP_N`` tokens, the others fewer."""
+        ``RETRY_TOP_N`` tokens, the others fewer. Prefixes reached with less than
+        ``prune_below`` are left out (``pruned_mass``): no error, walks there get calls."""
         answers: dict[str, float] = defaultdict(float)
-        unseen = 0.0
+        unseen = pruned = 0.0
         shares: dict[tuple[int, ...], float] = {}
         nodes: dict[Path, NextToken] = {}
         vocab = self.shape.vocab
@@ -164,9 +180,11 @@ class _Walk:
                     answers[text] += reach  # cut at the token limit, or nothing can follow
                     continue
                 if reach < self.prune_below:
-                    unseen += reach
+                    pruned += reach
                     continue
-                result = nodes[path] = self.node(path, text, path in wide)
+                result, _ = self.node(path, text,
+                                      RETRY_TOP_N if path in wide else first_top_n(path))
+                nodes[path] = result
                 shares[path] = reach * result.error_bound
                 unseen += shares[path]
                 for tid, q in sorted(result.probs.items()):
@@ -178,6 +196,7 @@ class _Walk:
                         next_frontier.append((path + (tid,), text + vocab.pieces[tid],
                                               reach * q))
             frontier = next_frontier
+        self.pruned_mass = pruned
         return answers, unseen, shares, nodes
 
 
@@ -206,9 +225,9 @@ class LazyTree:
     def node(self, path: Path, text: str, reach: float) -> NextToken:
         got = self.nodes.get(path)
         if got is None:
-            got = self._walk.node(path, text, wide=False)
-            if reach * got.error_bound > self.max_unseen / 2:
-                got = self._walk.node(path, text, wide=True)
+            got, n = self._walk.node(path, text, first_top_n(path))
+            if reach * got.error_bound > self.max_unseen / 2 and n < RETRY_TOP_N:
+                got, n = self._walk.node(path, text, RETRY_TOP_N)
             if reach * got.error_bound > self.max_unseen:
                 raise TooMuchUnseen(f"prefix {text!r}: {reach * got.error_bound:.2g} of the "
                                     f"answer mass stays unseen (allowed: {self.max_unseen:g})",
@@ -228,7 +247,8 @@ def answer_distribution(probe: Probe, language: IntegerAnswers, vocab: AnswerVoc
                         prune_below: float = PRUNE_BELOW,
                         sampler: Sampler = next_token) -> AnswerDistribution:
     """The answer distribution of one prompt; raises TooMuchUnseen (with the cost spent)
-    when more than ``max_unseen`` of it cannot be pinned down.
+    when more than ``max_unseen`` of it cannot be pinned down. Prefixes reached with less
+    than ``prune_below`` are not probed (``AnswerDistribution.pruned_mass``).
 
     First every prefix is asked for its top ``DEFAULT_TOP_N`` tokens; while that leaves too
     much unseen, the prefixes that contribute most are asked again for ``RETRY_TOP_N``
@@ -261,4 +281,4 @@ def answer_distribution(probe: Probe, language: IntegerAnswers, vocab: AnswerVoc
     texts = tuple(sorted(answers))
     c = walk.cost
     return AnswerDistribution(texts, np.array([answers[t] for t in texts]), unseen, c.calls,
-                              c.tokens_in, c.tokens_out, shape, nodes)
+                              c.tokens_in, c.tokens_out, shape, nodes, walk.pruned_mass)

@@ -298,8 +298,9 @@ def plan_cells(experiment: Experiment, force: bool = False) -> list[_Plan]:
         elif not same:
             problems.append(f"cell {cell.name}: {cell.run_dir} holds a run made from a different "
                             f"config (hash {record.config_hash} there, "
-                            f"{cell.config.results_hash()} now); pass --force to replace the "
-                            "cells, or set experiment.name to a new name")
+                            f"{cell.config.results_hash()} now)"
+                            f"{cell.config.resume_hint(record.config_hash)}; pass --force to "
+                            "replace the cells, or set experiment.name to a new name")
         elif record.is_finished:
             plans.append(_Plan(cell, "skip", "finished"))
         else:

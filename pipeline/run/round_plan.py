@@ -10,7 +10,7 @@ played in three stages:
    them on its worker; the client gathers only their 64-bit hashes and agent counts;
 2. the client merges them into the round's distinct prompts, sorted by hash, each with its
    agents in all partitions; those worth a distribution (``worth_a_distribution`` on that
-   count) are cut into chunks of ``CHUNK_PROMPTS`` in that order, and each chunk is one task
+   count) are cut into chunks of ``chunk_size`` in that order, and each chunk is one task
    computing its prompts' distributions (``plan_chunk``), reading the prompt texts from the
    stage-1 results (only the planned ones travel: ``texts_of``); the results stay on the
    workers;
@@ -28,7 +28,7 @@ prompt, so a round's token columns still sum to what the model spent.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -61,9 +61,20 @@ from simpipe.run.round_task import (
 )
 from simpipe.store.layout import RunPaths
 
-#: Prompts per stage-2 task: a distribution is ~22 one-token calls (~0.5 s on 2 cores), so
-#: a chunk is seconds of work, and a round of ~1,000 prompts is ~60 tasks to spread.
-CHUNK_PROMPTS = 8  # small enough that round 1's few shared prompts spread over the workers
+#: Most prompts per stage-2 task: a distribution is ~22 one-token calls (~0.5 s on 2 cores),
+#: so a chunk is seconds of work, and a round of ~1,000 prompts is ~130 tasks to spread.
+CHUNK_PROMPTS = 8
+#: Fewer prompts are cut into at least this many chunks, so that round 1's few shared
+#: prompts spread over the workers (the quickstart's 8 were one chunk: one worker computed
+#: them while the other waited). A smaller chunk costs its first prompt evaluated afresh.
+MIN_CHUNKS = 4
+
+
+def chunk_size(n_prompts: int) -> int:
+    """Prompts per chunk for a round that plans ``n_prompts``: a function of the prompts
+    alone, never of the workers, so that the chunks (and the bits) are the same on any
+    cluster."""
+    return max(1, min(CHUNK_PROMPTS, -(-n_prompts // MIN_CHUNKS)))
 
 _EMPTY = np.empty(0, np.uint64)
 
@@ -126,8 +137,10 @@ class Layout:
     prompts each partition carries the cost of."""
 
     distinct: int  # the round's distinct prompts
-    chunks: list[np.ndarray]  # hashes, sorted, CHUNK_PROMPTS per chunk
+    chunks: list[np.ndarray]  # hashes, sorted, chunk_size(all of them) per chunk
     owned: dict[int, np.ndarray]  # partition -> hashes whose cost its agents carry
+    # Per chunk, the round's agents on each of its prompts (a tree's pruning follows it).
+    agents: list[np.ndarray] = field(default_factory=list)
 
     @property
     def planned(self) -> int:
@@ -135,9 +148,10 @@ class Layout:
 
 
 def layout(tallies: Sequence[PromptTally], min_agents: int,
-           chunk_prompts: int = CHUNK_PROMPTS, lazy_walks: bool = False) -> Layout:
+           chunk_prompts: int | None = None, lazy_walks: bool = False) -> Layout:
     """Merge the partitions' tallies: the round's distinct prompts with their agents, the
-    ones worth a distribution (held by a partition still to be played) in chunks."""
+    ones worth a distribution (held by a partition still to be played) in chunks of
+    ``chunk_prompts`` (by default ``chunk_size`` of their number)."""
     tallies = sorted(tallies, key=lambda t: t.partition)
     if not tallies:
         return Layout(0, [], {})
@@ -153,7 +167,10 @@ def layout(tallies: Sequence[PromptTally], min_agents: int,
     worth = np.fromiter((worth_a_distribution(int(n), min_agents, lazy_walks)
                          for n in total.tolist()), bool, total.size)
     chosen = uniq[worth & needed]  # sorted: np.unique sorts
-    chunks = [chosen[i:i + chunk_prompts] for i in range(0, chosen.size, chunk_prompts)]
+    on_chosen = total[worth & needed]
+    size = chunk_prompts or chunk_size(int(chosen.size))
+    chunks = [chosen[i:i + size] for i in range(0, chosen.size, size)]
+    agents = [on_chosen[i:i + size] for i in range(0, chosen.size, size)]
     # Each planned prompt's cost goes to the lowest-numbered played partition holding it.
     rows = np.nonzero(played & np.isin(hashes, chosen))[0]
     first = {}
@@ -163,7 +180,7 @@ def layout(tallies: Sequence[PromptTally], min_agents: int,
     for h, k in first.items():
         owned.setdefault(k, []).append(h)
     return Layout(int(uniq.size), chunks,
-                  {k: np.array(sorted(v), np.uint64) for k, v in owned.items()})
+                  {k: np.array(sorted(v), np.uint64) for k, v in owned.items()}, agents)
 
 
 @dataclass(frozen=True)
@@ -181,8 +198,10 @@ def texts_of(found: PartitionPrompts, planned: np.ndarray) -> dict[int, str]:
     return {h: found.texts[h] for h in planned.tolist() if h in found.texts}
 
 
-def plan_chunk(config: Config, hashes: np.ndarray, *texts_by_part: dict[int, str]) -> PlannedChunk:
-    """Stage 2 (a worker task): the distributions of one chunk's prompts, in hash order."""
+def plan_chunk(config: Config, hashes: np.ndarray, agents: np.ndarray,
+               *texts_by_part: dict[int, str]) -> PlannedChunk:
+    """Stage 2 (a worker task): the distributions of one chunk's prompts, in hash order;
+    ``agents``: the round's agents on each (how much of a tree is worth probing)."""
     wanted = hashes.tolist()
     texts: dict[int, str] = {}
     for part in texts_by_part:
@@ -198,8 +217,9 @@ def plan_chunk(config: Config, hashes: np.ndarray, *texts_by_part: dict[int, str
     # persona, so each costs its distinct suffix. The chunk (hash order, fixed size) and this
     # order depend only on the prompts, so the numbers are the same on any worker.
     order = sorted(range(len(wanted)), key=lambda i: texts[wanted[i]])
+    counts = agents.tolist()
     chained = shared.compute_chain([texts[wanted[i]] for i in order], settings, s.max_tokens,
-                                   bounds, s.share_max_unseen)
+                                   bounds, s.share_max_unseen, [counts[i] for i in order])
     lookups: list[Lookup] = [None] * len(wanted)  # type: ignore[list-item]
     for i, found in zip(order, chained, strict=True):
         lookups[i] = found
@@ -264,7 +284,8 @@ def plan_round(client: Client, config: Config, jobs: Sequence[PartitionJob], fee
     chosen = np.concatenate(plan.chunks)
     texts = [client.submit(texts_of, f, chosen, key=f"texts-{key}-part-{k}", pure=False)
              for k, f in enumerate(found)]
-    chunks = [client.submit(plan_chunk, config, hashes, *texts, key=f"plan-{key}-chunk-{i}",
-                            pure=False) for i, hashes in enumerate(plan.chunks)]
+    chunks = [client.submit(plan_chunk, config, hashes, agents, *texts,
+                            key=f"plan-{key}-chunk-{i}", pure=False)
+              for i, (hashes, agents) in enumerate(zip(plan.chunks, plan.agents, strict=True))]
     wait(chunks, "distributions")
     return RoundPlan(plan, chunks)

@@ -166,7 +166,8 @@ def open_run_dir(paths: RunPaths, config: Config, *, resume: bool, force: bool) 
     if record.config_hash != config.results_hash():
         raise RunDirError(
             f"{root} holds a run made from a different config "
-            f"(hash {record.config_hash} there, {config.results_hash()} now); "
+            f"(hash {record.config_hash} there, {config.results_hash()} now)"
+            f"{config.resume_hint(record.config_hash)}; "
             "pass --force to replace it, or set run.name to a new name "
             "(--resume only continues a run with the same config)"
         )

@@ -5,12 +5,14 @@ from __future__ import annotations
 import pytest
 from pydantic import BaseModel, Field, ValidationError
 
+from simpipe.config import config_from_dict
 from simpipe.games.config import (
     BeautyContestConfig,
     GameConfig,
     PublicGoodsConfig,
     game_config,
 )
+from simpipe.games.registry import game_from_dict
 
 
 class Holder(BaseModel):
@@ -75,12 +77,31 @@ def test_bad_values_are_named_by_their_key_without_the_union_member(raw, key, te
     assert loc == ("game", key) and text in msg
 
 
+EARLIER_KEYS = {"kind", "ratio", "offset", "low", "high", "rounds", "group_size", "prompt",
+                "disclose_variant"}
+
+
 def test_the_beauty_contest_table_keeps_its_keys() -> None:
     """run.json's config and the results hash are made of these keys: a run made before the
-    game interface existed must still resume."""
-    assert set(BeautyContestConfig().model_dump()) == {
-        "kind", "ratio", "offset", "low", "high", "rounds", "group_size", "prompt",
-        "disclose_variant"}
+    game interface existed (round-by-round prompts) must still resume with those prompts."""
+    assert set(BeautyContestConfig(history_layout="by_round").model_dump()) == EARLIER_KEYS
+    assert set(BeautyContestConfig().model_dump()) == EARLIER_KEYS | {"history_layout"}
+
+
+def test_a_stored_table_without_the_layout_reads_back_as_round_by_round() -> None:
+    # run.json of a run made before the split layout has no history_layout key.
+    stored = BeautyContestConfig(history_layout="by_round").model_dump(mode="json")
+    assert game_from_dict(stored).config.history_layout == "by_round"
+    split = BeautyContestConfig().model_dump(mode="json")
+    assert game_from_dict(split).config.history_layout == "split"
+
+
+def test_a_run_of_the_earlier_layout_is_refused_with_the_key_that_resumes_it() -> None:
+    earlier = config_from_dict({"game": {"history_layout": "by_round"}})
+    hint = config_from_dict({}).resume_hint(earlier.results_hash())
+    assert 'game.history_layout = "by_round"' in hint
+    other_seed = config_from_dict({"run": {"seed": 1}}).results_hash()
+    assert config_from_dict({}).resume_hint(other_seed) == ""
 
 
 def test_prompt_options_are_stored_only_when_on() -> None:

@@ -36,26 +36,52 @@ def completion(**game: object) -> PromptBuilder:
 
 
 def test_round_0_has_no_history() -> None:
-    text = completion().render(PERSONA, [], 0)
-    assert "earlier rounds" not in text
-    assert "winning number was" not in text
-    assert "Round 1 of 3." in text
+    for layout in ("split", "by_round"):
+        text = completion(history_layout=layout).render(PERSONA, [], 0)
+        assert "earlier rounds" not in text and "Winning" not in text
+        assert "winning number was" not in text
+        assert "Round 1 of 3." in text
+
+
+def test_split_layout_shows_announced_numbers_then_the_round_then_own_numbers() -> None:
+    text = completion().render(PERSONA, HISTORY, 2)
+    told = text.index("Winning numbers of rounds 1 to 2: 33.33, 22.22.")
+    own = text.index("Your numbers in rounds 1 to 2: 50, 30.5.")
+    assert text.index(PERSONA) < told < text.index("Round 3 of 3.") < own
+    assert text.endswith(f"Your numbers in rounds 1 to 2: 50, 30.5.\n{COMPLETION_CUE}")
+    one = completion().render(None, HISTORY[:1], 1)
+    assert "Winning number of round 1: 33.33." in one and "Your number in round 1: 50." in one
+
+
+def test_split_layout_agents_differ_only_in_their_own_line() -> None:
+    # What makes a distinct prompt cheap: two agents of one persona whose first answers
+    # differ share the whole prompt up to their own numbers.
+    builder = completion()
+    a = builder.render(PERSONA, [HistoryItem(0, 11.0, 33.0), HistoryItem(1, 20.0, 25.0)], 2)
+    b = builder.render(PERSONA, [HistoryItem(0, 77.0, 33.0), HistoryItem(1, 20.0, 25.0)], 2)
+    shared = os.path.commonprefix([a, b])
+    assert shared.endswith("Round 3 of 3.\nYour numbers in rounds 1 to 2: ")
+    assert len(a) - len(shared) <= len(" 11, 20.\nMy number:")
 
 
 def test_round_2_lists_both_answers_and_winning_numbers_in_order() -> None:
-    text = completion().render(PERSONA, HISTORY, 2)
+    text = completion(history_layout="by_round").render(PERSONA, HISTORY, 2)
     first = text.index("Round 1: you chose 50; the winning number was 33.33.")
     second = text.index("Round 2: you chose 30.5; the winning number was 22.22.")
     assert first < second < text.index("Round 3 of 3.")
 
 
 def test_invalid_earlier_answer_is_shown_as_such() -> None:
-    text = completion().render(None, [HistoryItem(0, None, 40.0)], 1)
+    text = completion(history_layout="by_round").render(None, [HistoryItem(0, None, 40.0)], 1)
     assert "Round 1: your answer was invalid; the winning number was 40." in text
+    text = completion().render(None, [HistoryItem(0, None, 40.0), HistoryItem(1, 9.0, None)], 2)
+    assert "Winning numbers of rounds 1 to 2: 40, none announced." in text
+    assert "Your numbers in rounds 1 to 2: invalid, 9." in text
 
 
-def test_agents_see_only_their_own_history() -> None:
-    builder = completion()
+@pytest.mark.parametrize("layout", ["split", "by_round"])
+def test_agents_see_only_their_own_history(layout: str) -> None:
+    builder = completion(history_layout=layout)
     a = builder.render(PERSONA, [HistoryItem(0, 11.0, 33.0)], 1)
     b = builder.render(PERSONA, [HistoryItem(0, 77.0, 33.0)], 1)
     assert "11" in a and "77" not in a
@@ -115,9 +141,10 @@ def test_shared_prefix_across_agents_and_rounds(prompt: str) -> None:
     common = os.path.commonprefix(prompts)
     assert common == builder.prefix
     assert builder.rules in common and builder.instruction in common
-    # Per agent, round r extends round r-1 up to the round line.
-    r1 = builder.render("An artist.", HISTORY[:1], 1)
-    r2 = builder.render("An artist.", HISTORY, 2)
+    # Round by round, an agent's round r extends its round r-1 up to the round line.
+    by_round = completion(prompt=prompt, history_layout="by_round")
+    r1 = by_round.render("An artist.", HISTORY[:1], 1)
+    r2 = by_round.render("An artist.", HISTORY, 2)
     assert r2.startswith(r1[: r1.index("Round 2 of 3.")].removesuffix("\n"))
 
 

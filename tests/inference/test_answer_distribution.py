@@ -10,9 +10,17 @@ from collections import defaultdict
 import numpy as np
 import pytest
 
+from simpipe.agents.shared_answers import (
+    MAX_PRUNE,
+    OWN_CALL_S,
+    PROBE_S,
+    prune_below,
+    step_uniforms,
+)
 from simpipe.games.answer_format import IntegerAnswers
 from simpipe.inference.answer_distribution import (
-    DEFAULT_TOP_N,
+    PRUNE_BELOW,
+    RETRY_TOP_N,
     TooMuchUnseen,
     answer_distribution,
 )
@@ -115,7 +123,7 @@ def test_prefixes_are_asked_again_with_more_tokens_only_when_needed() -> None:
     calls: list = []
     answer_distribution(_probe(3, calls), IntegerAnswers(0, 100), VOCAB,
                         ChainSettings(1.0), 6, max_unseen=1e-6)
-    wide = [c for c in calls if c[1] > DEFAULT_TOP_N]
+    wide = [c for c in calls if c[1] == RETRY_TOP_N]
     assert wide and len(wide) < len(calls) / 2
 
 
@@ -127,3 +135,35 @@ def test_too_much_unseen_is_refused_with_its_cost() -> None:
     with pytest.raises(TooMuchUnseen) as err:
         answer_distribution(shallow, IntegerAnswers(0, 100), VOCAB, ChainSettings(1.0), 6)
     assert err.value.cost.calls >= 1 and err.value.cost.tokens_in == 7 * err.value.cost.calls
+
+
+def test_a_pruned_tree_skips_unlikely_prefixes_and_its_walks_there_get_calls() -> None:
+    language = IntegerAnswers(0, 100)
+    full_calls: list = []
+    full = answer_distribution(_probe(4, full_calls), language, VOCAB, ChainSettings(1.0), 6)
+    calls: list = []
+    pruned = answer_distribution(_probe(4, calls), language, VOCAB, ChainSettings(1.0), 6,
+                                 prune_below=1e-2)
+    assert len(calls) < len(full_calls)
+    # The pruned mass is no error: the answers kept have their exact probabilities, and
+    # kept + pruned is the whole distribution (within the unseen allowance).
+    whole = dict(zip(full.texts, full.probs.tolist(), strict=True))
+    for text, p in zip(pruned.texts, pruned.probs.tolist(), strict=True):
+        assert abs(p - whole[text]) <= full.unseen_mass + pruned.unseen_mass
+    assert 0 < pruned.pruned_mass <= 0.2
+    assert abs(pruned.probs.sum() + pruned.pruned_mass - 1.0) <= pruned.unseen_mass + 1e-9
+    # Walks that reach a pruned prefix give None (a call of their own), at its rate.
+    walked = pruned.walk(step_uniforms(np.arange(20_000), 6))
+    missing = sum(t is None for t in walked) / len(walked)
+    assert abs(missing - pruned.pruned_mass) < 4 * np.sqrt(pruned.pruned_mass / len(walked))
+    # Walks that stay in the kept prefixes give the answers the full tree gives them.
+    same = full.walk(step_uniforms(np.arange(20_000), 6))
+    assert all(a == b for a, b in zip(walked, same, strict=True) if a is not None)
+
+
+def test_pruning_follows_the_round_s_agents_on_a_prompt() -> None:
+    # More agents on a prompt: more of its walks would reach a rare prefix, so less is cut.
+    assert prune_below(1) == MAX_PRUNE
+    assert prune_below(1000) < prune_below(100) < prune_below(10) <= MAX_PRUNE
+    assert prune_below(10**9) == PRUNE_BELOW
+    assert prune_below(1000) == pytest.approx(PROBE_S / (1000 * OWN_CALL_S))
