@@ -67,7 +67,8 @@ def test_a_rebuilt_prompt_is_the_one_the_server_got(llm_run):
     assert checked == 18
     late = rebuild_prompt(llm_run.run_dir, 7, 2)
     assert "About you: You are" in late.prompt and "Round 3 of 3." in late.prompt
-    assert late.prompt.count("the winning number was") == 2
+    assert "Winning numbers of rounds 1 to 2: " in late.prompt
+    assert "Your numbers in rounds 1 to 2: " in late.prompt
 
 
 def test_show_prints_the_prompt_of_an_agent_and_round(llm_run):

@@ -49,7 +49,8 @@ def test_answers_cut_at_the_token_limit_are_truncated_not_ok(dask_client, tmp_pa
     assert "truncated 40" in log
     # Round 2's prompts say the first answer was invalid: no number was taken from it.
     second = rebuild_prompt(config.run_dir, 3, 1).prompt
-    assert "Round 1: your answer was invalid; no winning number was announced." in second
+    assert "Winning number of round 1: none announced." in second
+    assert "Your number in round 1: invalid." in second
     report = build_report([config.run_dir], tmp_path / "report")
     paper = report.section("paper_reference")
     assert paper.frame.empty
