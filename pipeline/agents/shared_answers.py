@@ -98,10 +98,13 @@ def prune_below(agents_on_prompt: int) -> float:
 
     Pruning a prefix reached with probability r saves at least one probe (PROBE_S) and
     costs an expected ``agents * r`` calls of their own (OWN_CALL_S each), so it pays for
-    ``r < PROBE_S / (agents * OWN_CALL_S)``. With a thousand agents on a prompt that leaves
-    out the answers written without a leading space (about 1e-6 each, ten prefixes): about
-    ten of a tree's 22 probes. Depends on the round's count only, so the tree, and hence the
-    answers, are the same on every run and cluster.
+    ``r < PROBE_S / (agents * OWN_CALL_S)``. It pays on prompts with few agents (the
+    quickstart's round 1, ~10 agents per prompt: 178 probes instead of 242); with a thousand
+    agents on a prompt little is left out (million-shared round 2: 21.3 probes per prompt
+    instead of 23.0; the answers written without a leading space are reached with 1e-4 to
+    1e-3 each, so some of those agents would need calls of their own). Depends on the
+    round's count only, so the tree, and hence the answers, are the same on every run and
+    cluster.
     """
     scaled = PROBE_S / (max(agents_on_prompt, 1) * OWN_CALL_S)
     return max(PRUNE_BELOW, min(MAX_PRUNE, scaled))
