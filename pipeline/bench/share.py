@@ -65,7 +65,10 @@ def default_config(agents: int, rounds: int, output_dir: Path,
         },
         "game": {"rounds": rounds},
         "agents": {"backend": "llamacpp", "max_tokens": 6, "llamacpp": {"n_parallel": 8}},
-        "cluster": {"kind": "local", "workers": 1, "threads_per_worker": 2,
+        # Two single-thread engines: 1,000 agents x 5 rounds took 5 min 19 s so, 7 min 41 s
+        # on one two-thread worker (docs/benchmarks.md): lone probe chains do not scale
+        # with threads as well as two chains side by side do.
+        "cluster": {"kind": "local", "workers": 2, "threads_per_worker": 1,
                     "dashboard_address": ""},
     }
     for item in overrides:
