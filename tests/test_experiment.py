@@ -15,12 +15,17 @@ import simpipe
 from simpipe.config import DIR_NAME, ConfigError
 from simpipe.games.beauty_contest.reference import load_references
 from simpipe.run.console import Console
-from simpipe.run.experiment import cell_names, experiment_from_dict, run_experiment
+from simpipe.run.experiment import (
+    cell_names,
+    experiment_from_dict,
+    load_experiment,
+    run_experiment,
+)
 from simpipe.run.simulation import RunCancelled
 from simpipe.store.experiment import read_experiment
 from simpipe.store.results import read_ledger, read_rounds
 
-from support import cancel_after_first_round, one_error_line, simpipe_cli
+from support import REPO, cancel_after_first_round, one_error_line, simpipe_cli
 
 QUIET = Console(quiet=True)
 GRID = {"game.prompt": ["basic", "cot"], "game.ratio": ["1/2", "2/3"]}
@@ -132,3 +137,17 @@ def test_cell_names_are_stable_safe_and_distinct() -> None:
     # "{age}." and "{age}!" clean to the same text: a hash tells them apart
     assert names[0] != names[1] and names[1].split("__")[:-1] == names[0].split("__")[:-1]
     assert "game-base" in names[3] and len(max(names, key=len)) <= 128
+
+
+def test_the_shipped_grid_is_the_issue_s_two_by_two_by_two_on_the_embedded_model():
+    experiment = load_experiment(REPO / "examples" / "experiment-grid.toml")
+    assert len(experiment.cells) == 8
+    values = {tuple(sorted(cell.overrides.items())) for cell in experiment.cells}
+    assert len(values) == 8
+    for cell in experiment.cells:
+        config = cell.config
+        assert config.population.size == 200 and config.game.rounds == 3
+        assert config.agents.backend == "llamacpp" and config.agents.cot_max_tokens == 128
+    assert {c.config.game.prompt for c in experiment.cells} == {"basic", "cot"}
+    assert {c.config.game.ratio for c in experiment.cells} == {"2/3", "1/2"}
+    assert {c.config.population.persona.mode for c in experiment.cells} == {"none", "template"}
