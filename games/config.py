@@ -40,11 +40,11 @@ VALUE_LIMIT = 1e9
 # endowment, so a typo such as 2e9 would build a grammar nobody needs.
 ENDOWMENT_LIMIT = 1_000_000
 DEFAULT_KIND = "beauty_contest"
-# The beauty contest's prompt options added after runs were made (left out of the dump when off).
-PROMPT_OPTIONS = ("rational_players", "predict_others")
-# Prompt settings added after runs were made, with the value that gives those runs' prompts:
-# left out of the dump at that value, so such a run keeps its hash and resumes with it.
-EARLIER_PROMPTS = {"history_layout": "by_round"}
+# The beauty contest's prompt settings added after runs were made, with the value that gives
+# those runs' prompts: left out of the dump at that value, so such a run keeps its hash and
+# resumes with it, and put back when its table is read (``stored_table``).
+EARLIER_PROMPTS: dict[str, Any] = {"rational_players": False, "predict_others": False,
+                                   "history_layout": "by_round"}
 
 
 def parse_ratio(value: object) -> Fraction:
@@ -115,12 +115,9 @@ class BeautyContestConfig(GameSettings):
 
     @model_serializer(mode="wrap")
     def _without_unset_options(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        # run.json and the results hash are made of the dump: leaving the prompt options out
-        # while they are off keeps the hash of a run made before they existed, so it resumes.
+        # run.json and the results hash are made of the dump: leaving out the prompt settings
+        # at the value runs had before the setting existed keeps those runs' hashes.
         data = handler(self)
-        for key in PROMPT_OPTIONS:
-            if not getattr(self, key):
-                data.pop(key, None)
         for key, earlier in EARLIER_PROMPTS.items():
             if getattr(self, key) == earlier:
                 data.pop(key, None)

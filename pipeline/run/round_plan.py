@@ -28,7 +28,7 @@ prompt, so a round's token columns still sum to what the model spent.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -140,7 +140,7 @@ class Layout:
     chunks: list[np.ndarray]  # hashes, sorted, chunk_size(all of them) per chunk
     owned: dict[int, np.ndarray]  # partition -> hashes whose cost its agents carry
     # Per chunk, the round's agents on each of its prompts (a tree's pruning follows it).
-    agents: list[np.ndarray] = field(default_factory=list)
+    agents: list[np.ndarray]
 
     @property
     def planned(self) -> int:
@@ -154,7 +154,7 @@ def layout(tallies: Sequence[PromptTally], min_agents: int,
     ``chunk_prompts`` (by default ``chunk_size`` of their number)."""
     tallies = sorted(tallies, key=lambda t: t.partition)
     if not tallies:
-        return Layout(0, [], {})
+        return Layout(0, [], {}, [])
     hashes = np.concatenate([t.hashes for t in tallies] + [_EMPTY])
     counts = np.concatenate([t.counts for t in tallies] + [np.empty(0, np.int64)])
     parts = np.concatenate([np.full(t.hashes.size, t.partition, np.int64) for t in tallies]
