@@ -256,7 +256,8 @@ class LLMAgents(AgentPolicy):
         slot: each prompt is evaluated on top of the common prefix its predecessor left, so
         it costs its distinct suffix, and the chain depends only on this partition."""
         lazy.sort(key=lambda item: item[0])
-        with self.backend.logprob_chain() as probe_for:  # type: ignore[attr-defined]
+        with self.backend.logprob_chain(  # type: ignore[attr-defined]
+                shape.vocab, settings) as probe_for:
             for prompt, members in lazy:
                 tree = LazyTree(probe_for(prompt), shape, settings,
                                 self.sampling.share_max_unseen, self.backend.answer_sampler)

@@ -36,6 +36,7 @@ from simpipe.inference.answer_distribution import (
     answer_distribution,
 )
 from simpipe.inference.base import Backend
+from simpipe.inference.gguf_vocab import AnswerVocab
 from simpipe.inference.llamacpp_sampler import ChainSettings
 
 _DRAW_STREAM = np.uint64(0xD1B54A32D192ED03)
@@ -202,8 +203,17 @@ class SharedAnswers:
     def _compute(self, prompt: str, settings: ChainSettings, max_tokens: int,
                  bounds: tuple[float, float], max_unseen: float,
                  prune: float = PRUNE_BELOW) -> Lookup:
+        if hasattr(self.backend, "logprob_chain"):
+            vocab = self._vocab(bounds)
+            with self.backend.logprob_chain(vocab, settings) as probe_for:
+                return self._walk_tree(probe_for(prompt), settings, max_tokens, bounds,
+                                       max_unseen, prune)
         with self.backend.logprob_session(prompt) as probe:  # type: ignore[attr-defined]
             return self._walk_tree(probe, settings, max_tokens, bounds, max_unseen, prune)
+
+    def _vocab(self, bounds: tuple[float, float]) -> AnswerVocab:
+        return self.backend.answer_vocab(  # type: ignore[attr-defined]
+            IntegerAnswers(*bounds).alphabet)
 
     def compute_chain(self, prompts: list[str], settings: ChainSettings, max_tokens: int,
                       bounds: tuple[float, float], max_unseen: float,
@@ -219,7 +229,7 @@ class SharedAnswers:
         if not hasattr(self.backend, "logprob_chain"):
             return [self._compute(p, settings, max_tokens, bounds, max_unseen, prune)
                     for p, prune in zip(prompts, prunes, strict=True)]
-        with self.backend.logprob_chain() as probe_for:
+        with self.backend.logprob_chain(self._vocab(bounds), settings) as probe_for:
             return [self._walk_tree(probe_for(p), settings, max_tokens, bounds, max_unseen,
                                     prune)
                     for p, prune in zip(prompts, prunes, strict=True)]

@@ -56,11 +56,20 @@ class AnswerVocab:
     pieces: dict[int, str]
 
 
-def _read_metadata(path: Path) -> dict[str, object]:
+def _read_metadata(path: Path, wanted: tuple[str, ...] = _WANTED
+                   ) -> dict[str, object]:
+    """The ``wanted`` metadata keys of a GGUF file."""
+    return _read_gguf(path, wanted)[0]
+
+
+def _read_gguf(path: Path, wanted: tuple[str, ...], tensors: bool = False
+               ) -> tuple[dict[str, object], dict[str, tuple[tuple[int, ...], int, int]]]:
+    """(the ``wanted`` metadata keys, and with ``tensors`` each tensor's (dims, ggml type,
+    absolute offset of its data in the file)) of a GGUF file."""
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
         if buf[:4] != _MAGIC:
             raise GgufError(f"{path}: not a GGUF file")
-        version, _n_tensors, n_kv = struct.unpack_from("<IQQ", buf, 4)
+        version, n_tensors, n_kv = struct.unpack_from("<IQQ", buf, 4)
         if version < 2:
             raise GgufError(f"{path}: GGUF version {version} is too old (need 2 or later)")
         pos = 24
@@ -92,14 +101,65 @@ def _read_metadata(path: Path) -> dict[str, object]:
                 return items, at
             raise GgufError(f"{path}: unknown GGUF value type {kind}")
 
+        alignment = 32  # GGUF's default
         for _ in range(n_kv):
             key, pos = string(pos)
             (kind,) = struct.unpack_from("<I", buf, pos)
             name = key.decode("utf-8", "replace")
-            val, pos = value(kind, pos + 4, name in _WANTED)
-            if name in _WANTED:
+            keep = name in wanted or name == "general.alignment"
+            val, pos = value(kind, pos + 4, keep)
+            if name == "general.alignment" and isinstance(val, int) and val > 0:
+                alignment = val
+            if name in wanted:
                 out[name] = val
-        return out
+        infos: dict[str, tuple[tuple[int, ...], int, int]] = {}
+        if tensors:
+            for _ in range(n_tensors):
+                raw_name, pos = string(pos)
+                (n_dims,) = struct.unpack_from("<I", buf, pos)
+                dims = struct.unpack_from(f"<{n_dims}Q", buf, pos + 4)
+                pos += 4 + 8 * n_dims
+                kind, offset = struct.unpack_from("<IQ", buf, pos)
+                pos += 12
+                infos[raw_name.decode("utf-8", "replace")] = (tuple(dims), kind, offset)
+            data_start = -(-pos // alignment) * alignment
+            infos = {k: (d, t, data_start + o) for k, (d, t, o) in infos.items()}
+        return out, infos
+
+
+@dataclass(frozen=True)
+class OutputMatrix:
+    """Where a GGUF model's output projection (the ``lm_head``) lies: the rows that turn
+    the last hidden state into one logit per token."""
+
+    name: str  # "output.weight", or "token_embd.weight" when the two are tied
+    ggml_type: int
+    n_embd: int
+    n_vocab: int
+    offset: int  # of row 0 in the file
+    architecture: str
+    # Gemma 2 style tanh capping of the logits (0: none), from the metadata
+    final_logit_softcapping: float
+
+
+def output_matrix(model_path: str) -> OutputMatrix:
+    """The output projection of a GGUF model: ``output.weight``, else the token embeddings
+    (llama.cpp ties them when the file has no output tensor)."""
+    path = Path(model_path)
+    meta, _ = _read_gguf(path, ("general.architecture",))
+    arch = meta.get("general.architecture", b"")
+    arch = arch.decode() if isinstance(arch, bytes) else str(arch)
+    softcap_key = f"{arch}.final_logit_softcapping"
+    meta, tensors = _read_gguf(path, (softcap_key,), tensors=True)
+    for name in ("output.weight", "token_embd.weight"):
+        if name in tensors:
+            dims, kind, offset = tensors[name]
+            if len(dims) != 2:
+                raise GgufError(f"{model_path}: {name} has {len(dims)} dimensions, not 2")
+            softcap = meta.get(softcap_key, 0.0)
+            return OutputMatrix(name, kind, int(dims[0]), int(dims[1]), offset, arch,
+                                float(softcap) if isinstance(softcap, float | int) else 0.0)
+    raise GgufError(f"{model_path}: neither output.weight nor token_embd.weight in the file")
 
 
 def _gpt2_byte_decoder() -> dict[str, int]:

@@ -15,6 +15,7 @@ import ctypes
 import functools
 import hashlib
 import json
+import logging
 import os
 import stat
 import threading
@@ -42,8 +43,15 @@ from simpipe.inference.base import (
     GenerationResult,
 )
 from simpipe.inference.gguf_vocab import AnswerVocab, answer_vocab
-from simpipe.inference.llamacpp_sampler import TopLogprobs
+from simpipe.inference.llamacpp_hidden import (
+    AnswerLogits,
+    HiddenStateEngine,
+    HiddenStateUnavailable,
+)
+from simpipe.inference.llamacpp_sampler import ChainSettings, TopLogprobs
 from simpipe.inference.settings import MODEL_KEY, LlamaCppSettings, model_path_problem
+
+logger = logging.getLogger(__name__)
 
 ENDPOINT = "llamacpp"
 # The slot lone (exclusive) calls use: with the prompt cache, a call may reuse only what
@@ -427,6 +435,12 @@ class LlamaCppBackend(Backend):
             max_workers=settings.n_parallel, thread_name_prefix="llamacpp"
         )
         self._counters = EndpointCounters()
+        # The exact answer-logit probes (``llamacpp_hidden``), made on first use; why not,
+        # once they were found unavailable.
+        self._hidden: HiddenStateEngine | None = None
+        self._hidden_problem: str | None = None
+        self._answer_logits: dict[frozenset[int], AnswerLogits] = {}
+        self._hidden_lock = threading.Lock()
 
     @property
     def listening_address(self) -> str:
@@ -476,21 +490,60 @@ class LlamaCppBackend(Backend):
         return answer_vocab(str(self.model_path), alphabet)
 
     @contextlib.contextmanager
-    def logprob_session(self, prompt: str) -> Iterator[Probe]:
+    def logprob_session(self, prompt: str, vocab: AnswerVocab | None = None,
+                        settings: ChainSettings | None = None) -> Iterator[Probe]:
         """Exclusive use of the engine to ask for next-token log-probabilities after
         ``prompt`` followed by token ids; yields ``probe(path, top_n)`` (see ``Probe``).
 
-        A chain (``logprob_chain``) of this one prompt: the first call decodes the prompt
-        afresh, so a fixed sequence of calls gives bit-identical answers on every run,
-        whatever ran before.
+        A chain (``logprob_chain``, the same arguments) of this one prompt: the first call
+        decodes the prompt afresh, so a fixed sequence of calls gives bit-identical answers
+        on every run, whatever ran before.
         """
-        with self.logprob_chain() as probe_for:
+        with self.logprob_chain(vocab, settings) as probe_for:
             yield probe_for(prompt)
 
+    def exact_answer_logits(self, vocab: AnswerVocab,
+                            settings: ChainSettings) -> AnswerLogits | None:
+        """The exact answer-token logits for ``vocab`` (``llamacpp_hidden``) where they decide
+        llama.cpp's draw: sampler settings that do not truncate (the defaults) and a model
+        whose output the check reproduces; None otherwise (the reason is logged once)."""
+        if settings.truncates or self._server is None:
+            return None
+        with self._hidden_lock:  # partitions of one worker may ask at once: one engine
+            return self._answer_logits_for(frozenset(vocab.pieces) | vocab.eog_ids)
+
+    def _answer_logits_for(self, ids: frozenset[int]) -> AnswerLogits | None:
+        if self._hidden_problem is not None:
+            return None
+        found = self._answer_logits.get(ids)
+        if found is not None:
+            return found
+        try:
+            found = AnswerLogits(self.model_path, sorted(ids))
+            if self._hidden is None:
+                s = self.settings
+                self._hidden = HiddenStateEngine(
+                    self.model_path, s.threads or default_threads(),
+                    s.n_ctx or s.n_parallel * _CTX_PER_SLOT)
+            self._hidden.verify(found)
+        except (HiddenStateUnavailable, ProbeError, OSError, ValueError) as exc:
+            self._hidden_problem = str(exc)
+            logger.warning("answer trees use the server's top-n log-probabilities: %s", exc)
+            return None
+        self._answer_logits[ids] = found
+        return found
+
     @contextlib.contextmanager
-    def logprob_chain(self) -> Iterator[Callable[[str], Probe]]:
+    def logprob_chain(self, vocab: AnswerVocab | None = None,
+                      settings: ChainSettings | None = None
+                      ) -> Iterator[Callable[[str], Probe]]:
         """Exclusive use of the engine for probes of several prompts in one chain; yields
         ``probe_for(prompt)``, which gives that prompt's ``probe(path, top_n)``.
+
+        With the answer ``vocab`` and sampler ``settings`` that do not truncate, each probe
+        gives the exact logits of the answer tokens from the last hidden state
+        (``exact_answer_logits``, ``llamacpp_hidden``; ``top_n`` is then moot). Otherwise the
+        server answers each probe with its top ``top_n`` raw log-probabilities.
 
         The whole chain is one lone sequence (``EngineLock.exclusive``) in one slot: the
         first call decodes its prompt afresh and every later one reuses only the longest
@@ -502,6 +555,24 @@ class LlamaCppBackend(Backend):
         does, and the ids are the tokens a sampled call would have generated. A probe
         raises ProbeError.
         """
+        exact = (self.exact_answer_logits(vocab, settings)
+                 if vocab is not None and settings is not None else None)
+        if exact is not None and self._hidden is not None:
+            with self._lock.exclusive(), self._hidden.chain(exact, self._count_probe) as chain:
+                yield chain
+            return
+        with self._server_chain() as chain:
+            yield chain
+
+    def _count_probe(self, decoded: int, seconds: float) -> None:
+        c = self._counters
+        c.requests += 1
+        c.tokens_in += decoded
+        c.latency_s_sum += seconds
+
+    @contextlib.contextmanager
+    def _server_chain(self) -> Iterator[Callable[[str], Probe]]:
+        """``logprob_chain`` through the server's ``n_probs``."""
         if self._server is None:
             raise ProbeError("the llama.cpp back-end is closed")
         fresh = True
@@ -570,5 +641,9 @@ class LlamaCppBackend(Backend):
     async def aclose(self) -> None:
         server, self._server = self._server, None
         self._pool.shutdown(wait=True)
+        hidden, self._hidden = self._hidden, None
+        if hidden is not None:
+            with self._lock.exclusive():
+                hidden.close()
         # Dropping the last reference runs ~Server: stops the loop and frees the model.
         del server

@@ -1,0 +1,400 @@
+"""Exact next-token logits of the answer tokens, from llama.cpp's last hidden state.
+
+An answer-tree probe needs the probabilities of a dozen tokens (the digits, a space, the
+end of generation), but llama.cpp computes the logits of all 262,144 tokens of Gemma's
+vocabulary for it: the output projection is most of a one-token decode (measured on one
+thread: 22 ms per probe through the server, 8.6 ms when the decode stops at the hidden
+state; docs/measurements.md). Under the default sampler settings (no top_k, top_p or min_p)
+llama.cpp's grammar-constrained draw depends only on the logits of the tokens the grammar
+accepts (``llamacpp_sampler``: a softmax over them at the temperature), so the rest of the
+vocabulary is never needed.
+
+``HiddenStateEngine`` is a second llama.cpp context on the same GGUF file, driven through
+llama.cpp's C API, which xllamacpp's extension exports (the same build, so the same
+kernels as the server's). Its graph callback (``cb_eval``) watches the tensor llama.cpp
+names ``result_norm`` (the normalised last hidden state, the output projection's input),
+copies it and stops the graph there: the key/value cache is already written by then.
+``AnswerLogits`` then computes the logits of the answer tokens as llama.cpp's CPU kernels
+do: for a Q8_0 output matrix (the default model's) the hidden state is quantized to Q8_0
+blocks like ggml's ``quantize_row_q8_0`` and each block's integer dot product is scaled by
+both blocks' scales (measured: within 2e-6 of llama.cpp's own logits). ``verify`` checks
+this against llama.cpp's full logits once per engine; a model whose output it does not
+reproduce (another matrix type, a logit scale of its own) raises HiddenStateUnavailable,
+and the back-end keeps the server's top-n probes.
+
+A chain of probes runs in one sequence from an empty cache, each prompt reusing the
+longest prefix the chain itself left, so a fixed sequence of probes gives bit-identical
+logits on every run (the same rule as the server path, ``LlamaCppBackend.logprob_chain``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import functools
+import mmap
+import os
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from simpipe.inference.answer_distribution import Probe, ProbeError
+from simpipe.inference.gguf_vocab import OutputMatrix, output_matrix
+from simpipe.inference.llamacpp_sampler import TopLogprobs
+
+_P = ctypes.c_void_p
+HIDDEN_TENSOR = b"result_norm"  # llama.cpp's name for the output projection's input
+GGML_F32, GGML_F16, GGML_Q8_0 = 0, 1, 8  # ggml_type values
+Q8_BLOCK = 32
+Q8_BLOCK_BYTES = 34  # an fp16 scale, then 32 int8
+# How far the logits computed here may be from llama.cpp's own (float rounding only).
+VERIFY_TOLERANCE = 1e-3
+VERIFY_TEXT = "Pick a whole number from 0 to 100. My number:"
+N_BATCH = 512
+
+
+class HiddenStateUnavailable(RuntimeError):
+    """This model or build cannot give exact answer logits from its hidden state; the
+    message says why (the back-end then asks the server for top-n log-probabilities)."""
+
+
+class _ModelParams(ctypes.Structure):
+    """``struct llama_model_params`` of the llama.cpp that xllamacpp's pinned build holds."""
+
+    _fields_ = [("devices", _P), ("tensor_buft_overrides", _P), ("n_gpu_layers", ctypes.c_int32),
+                ("split_mode", ctypes.c_int), ("load_mode", ctypes.c_int),
+                ("lazy_mode", ctypes.c_int), ("main_gpu", ctypes.c_int32),
+                ("tensor_split", _P), ("progress_callback", _P),
+                ("progress_callback_user_data", _P), ("kv_overrides", _P),
+                ("vocab_only", ctypes.c_bool), ("check_tensors", ctypes.c_bool),
+                ("use_extra_bufts", ctypes.c_bool), ("no_host", ctypes.c_bool),
+                ("no_alloc", ctypes.c_bool), ("load_mtp", ctypes.c_bool)]
+
+
+class _ContextParams(ctypes.Structure):
+    """``struct llama_context_params`` (same build)."""
+
+    _fields_ = [*((name, ctypes.c_uint32) for name in (
+                    "n_ctx", "n_batch", "n_ubatch", "n_seq_max", "n_rs_seq", "n_outputs_max",
+                    "n_outputs_max_per_seq")),
+                ("n_threads", ctypes.c_int32), ("n_threads_batch", ctypes.c_int32),
+                ("ctx_type", ctypes.c_int), ("rope_scaling_type", ctypes.c_int),
+                ("pooling_type", ctypes.c_int), ("attention_type", ctypes.c_int),
+                ("flash_attn_type", ctypes.c_int),
+                *((name, ctypes.c_float) for name in (
+                    "rope_freq_base", "rope_freq_scale", "yarn_ext_factor", "yarn_attn_factor",
+                    "yarn_beta_fast", "yarn_beta_slow")),
+                ("yarn_orig_ctx", ctypes.c_uint32), ("defrag_thold", ctypes.c_float),
+                ("cb_eval", _P), ("cb_eval_user_data", _P),
+                ("type_k", ctypes.c_int), ("type_v", ctypes.c_int),
+                ("moe_cache_size", ctypes.c_size_t),
+                ("abort_callback", _P), ("abort_callback_data", _P),
+                *((name, ctypes.c_bool) for name in (
+                    "embeddings", "offload_kqv", "no_perf", "op_offload", "swa_full",
+                    "kv_unified")),
+                ("samplers", _P), ("n_samplers", ctypes.c_size_t), ("ctx_other", _P)]
+
+
+class _Batch(ctypes.Structure):
+    _fields_ = [("n_tokens", ctypes.c_int32), ("token", ctypes.POINTER(ctypes.c_int32)),
+                ("embd", ctypes.POINTER(ctypes.c_float)),
+                ("pos", ctypes.POINTER(ctypes.c_int32)),
+                ("n_seq_id", ctypes.POINTER(ctypes.c_int32)),
+                ("seq_id", ctypes.POINTER(ctypes.POINTER(ctypes.c_int32))),
+                ("logits", ctypes.POINTER(ctypes.c_int8))]
+
+
+_EVAL_CALLBACK = ctypes.CFUNCTYPE(ctypes.c_bool, _P, ctypes.c_bool, _P)
+
+# name: (argument types, result type)
+_SIGNATURES: dict[str, tuple[list, object]] = {
+    "llama_backend_init": ([], None),
+    "llama_model_default_params": ([], _ModelParams),
+    "llama_context_default_params": ([], _ContextParams),
+    "llama_model_load_from_file": ([ctypes.c_char_p, _ModelParams], _P),
+    "llama_model_free": ([_P], None),
+    "llama_init_from_model": ([_P, _ContextParams], _P),
+    "llama_free": ([_P], None),
+    "llama_model_get_vocab": ([_P], _P),
+    "llama_model_n_embd": ([_P], ctypes.c_int32),
+    "llama_vocab_n_tokens": ([_P], ctypes.c_int32),
+    "llama_get_memory": ([_P], _P),
+    "llama_memory_clear": ([_P, ctypes.c_bool], None),
+    "llama_memory_seq_rm": ([_P, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32],
+                            ctypes.c_bool),
+    "llama_batch_init": ([ctypes.c_int32, ctypes.c_int32, ctypes.c_int32], _Batch),
+    "llama_batch_free": ([_Batch], None),
+    "llama_decode": ([_P, _Batch], ctypes.c_int32),
+    "llama_get_logits_ith": ([_P, ctypes.c_int32], ctypes.POINTER(ctypes.c_float)),
+    "llama_tokenize": ([_P, ctypes.c_char_p, ctypes.c_int32, ctypes.POINTER(ctypes.c_int32),
+                        ctypes.c_int32, ctypes.c_bool, ctypes.c_bool], ctypes.c_int32),
+    "ggml_get_name": ([_P], ctypes.c_char_p),
+    "ggml_get_data_f32": ([_P], ctypes.POINTER(ctypes.c_float)),
+    "ggml_nelements": ([_P], ctypes.c_int64),
+}
+
+
+@functools.cache
+def llama_api() -> ctypes.CDLL:
+    """llama.cpp's C API from xllamacpp's extension module, typed; HiddenStateUnavailable
+    when the build lacks a function this module calls."""
+    import xllamacpp
+
+    path = Path(xllamacpp.__file__).with_name("xllamacpp.abi3.so")
+    try:
+        lib = ctypes.CDLL(str(path))
+        for name, (args, result) in _SIGNATURES.items():
+            fn = getattr(lib, name)
+            fn.argtypes, fn.restype = args, result
+    except (OSError, AttributeError) as exc:
+        raise HiddenStateUnavailable(f"xllamacpp's module does not export llama.cpp's C API "
+                                     f"as this code expects ({exc})") from None
+    lib.llama_backend_init()
+    return lib
+
+
+def quantize_q8_0(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(block scales, int8 values) of ``x`` as ggml's ``quantize_row_q8_0`` writes them:
+    blocks of 32, scale = max |x| / 127 stored as fp16, values rounded to nearest."""
+    blocks = np.asarray(x, np.float32).reshape(-1, Q8_BLOCK)
+    amax = np.abs(blocks).max(axis=1)
+    scale = amax / np.float32(127)
+    inverse = np.divide(np.float32(127), amax, out=np.zeros_like(amax), where=amax != 0)
+    values = np.rint(blocks * inverse[:, None]).astype(np.int64)
+    return scale.astype(np.float16).astype(np.float64), values
+
+
+class AnswerLogits:
+    """The output-matrix rows of a set of tokens, and their logits from a hidden state as
+    llama.cpp's CPU kernels compute them (see the module docstring)."""
+
+    def __init__(self, model_path: str | Path, ids: Sequence[int]) -> None:
+        matrix = output_matrix(str(model_path))
+        self.ids = np.asarray(sorted(set(ids)), dtype=np.int64)
+        if self.ids.size == 0 or self.ids[0] < 0 or self.ids[-1] >= matrix.n_vocab:
+            raise ValueError(f"token ids outside the vocabulary of {matrix.n_vocab}")
+        self.matrix = matrix
+        self._rows = _read_rows(Path(model_path), matrix, self.ids)
+
+    def __call__(self, hidden: np.ndarray) -> np.ndarray:
+        """Logits of ``self.ids`` (float64) after the hidden state ``hidden``."""
+        kind = self.matrix.ggml_type
+        if kind == GGML_Q8_0:
+            scales, values = self._rows
+            h_scale, h_values = quantize_q8_0(hidden)
+            logits = ((values * h_values[None]).sum(axis=2) * scales * h_scale[None]).sum(axis=1)
+        elif kind == GGML_F16:  # llama.cpp multiplies F16 weights by an F16 activation
+            logits = self._rows @ np.asarray(hidden, np.float16).astype(np.float64)
+        else:
+            logits = self._rows @ np.asarray(hidden, np.float64)
+        cap = self.matrix.final_logit_softcapping
+        return cap * np.tanh(logits / cap) if cap else logits
+
+
+def _read_rows(path: Path, matrix: OutputMatrix, ids: np.ndarray) -> object:
+    n = matrix.n_embd
+    if matrix.ggml_type == GGML_Q8_0:
+        if n % Q8_BLOCK:
+            raise HiddenStateUnavailable(f"{matrix.name}: rows of {n} are not whole Q8_0 blocks")
+        row_bytes = n // Q8_BLOCK * Q8_BLOCK_BYTES
+    elif matrix.ggml_type in (GGML_F32, GGML_F16):
+        row_bytes = n * (4 if matrix.ggml_type == GGML_F32 else 2)
+    else:
+        raise HiddenStateUnavailable(
+            f"{matrix.name} is of ggml type {matrix.ggml_type}; exact answer logits are "
+            "computed for Q8_0, F16 and F32 output matrices only")
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        end = matrix.offset + matrix.n_vocab * row_bytes
+        if end > len(buf):
+            raise HiddenStateUnavailable(f"{path}: {matrix.name} runs past the end of the file")
+        raw = np.stack([np.frombuffer(buf, np.uint8, row_bytes, matrix.offset + t * row_bytes)
+                        for t in ids.tolist()])
+    if matrix.ggml_type == GGML_Q8_0:
+        blocks = raw.reshape(len(ids), -1, Q8_BLOCK_BYTES)
+        scales = blocks[:, :, :2].copy().view(np.float16)[..., 0].astype(np.float64)
+        values = blocks[:, :, 2:].copy().view(np.int8).astype(np.int64)
+        return scales, values
+    dtype = np.float32 if matrix.ggml_type == GGML_F32 else np.float16
+    return raw.view(dtype).astype(np.float64)
+
+
+class HiddenStateEngine:
+    """A llama.cpp context on one GGUF file whose decodes stop at the last hidden state.
+
+    One sequence; ``hidden_after(tokens)`` reuses the longest prefix the cache holds and
+    decodes the rest. Not thread-safe: the caller holds the back-end's exclusive lock.
+    """
+
+    def __init__(self, model_path: str | Path, threads: int, n_ctx: int) -> None:
+        self.api = api = llama_api()
+        self.model_path = Path(model_path)
+        self.n_ctx = n_ctx
+        self._model = self._ctx = None
+        self._held: list[int] = []  # the tokens the cache holds, in order
+        self._hidden: np.ndarray | None = None
+        self._full = False  # let a decode run on to the logits (``full_logits``)
+        self._callback = _EVAL_CALLBACK(self._on_tensor)  # kept alive with the context
+        model_params = api.llama_model_default_params()
+        model_params.n_gpu_layers = 0  # the callback reads the hidden state from host memory
+        self._model = api.llama_model_load_from_file(os.fsencode(self.model_path), model_params)
+        if not self._model:
+            raise HiddenStateUnavailable(f"llama.cpp could not load {self.model_path}")
+        self.n_embd = api.llama_model_n_embd(self._model)
+        self._vocab = api.llama_model_get_vocab(self._model)
+        self.n_vocab = api.llama_vocab_n_tokens(self._vocab)
+        params = api.llama_context_default_params()
+        params.n_ctx = n_ctx
+        params.n_batch = params.n_ubatch = N_BATCH
+        params.n_seq_max = 1
+        params.n_outputs_max = 1  # only the last token's hidden state is ever read
+        params.n_threads = params.n_threads_batch = threads
+        params.swa_full = True  # so that the cache can be cut back to any shared prefix
+        params.cb_eval = ctypes.cast(self._callback, _P)
+        self._ctx = api.llama_init_from_model(self._model, params)
+        if not self._ctx:
+            self.close()
+            raise HiddenStateUnavailable("llama.cpp could not create a context")
+        self._memory = api.llama_get_memory(self._ctx)
+        self._batch = api.llama_batch_init(N_BATCH, 0, 1)
+
+    def _on_tensor(self, tensor: int, ask: bool, _user: int) -> bool:
+        # Called by ggml for every graph node: ``ask`` whether we want its data, then with
+        # the data; returning False then stops the graph (the logits are not computed).
+        try:
+            if ask:
+                return self.api.ggml_get_name(tensor) == HIDDEN_TENSOR
+            n = self.api.ggml_nelements(tensor)
+            if n >= self.n_embd:
+                data = np.ctypeslib.as_array(self.api.ggml_get_data_f32(tensor), (n,))
+                self._hidden = data[-self.n_embd:].copy()
+            return self._full
+        except Exception:  # noqa: BLE001 -- nothing may cross into C: stop, report none
+            self._hidden = None
+            return False
+
+    def tokenize(self, text: str) -> list[int]:
+        """``text`` as the server tokenizes a prompt (special tokens added and parsed)."""
+        raw = text.encode("utf-8")
+        room = len(raw) + 8
+        out = (ctypes.c_int32 * room)()
+        n = self.api.llama_tokenize(self._vocab, raw, len(raw), out, room, True, True)
+        if n < 0:
+            raise ProbeError(f"llama.cpp could not tokenize a prompt of {len(raw)} bytes")
+        return list(out[:n])
+
+    def reset(self) -> None:
+        """Empty the cache: the next decode starts afresh."""
+        self.api.llama_memory_clear(self._memory, True)
+        self._held = []
+
+    def hidden_after(self, tokens: Sequence[int]) -> tuple[np.ndarray, int]:
+        """(the last hidden state after ``tokens``, how many tokens were decoded for it)."""
+        if not tokens:
+            raise ProbeError("an empty prompt has no next token")
+        if len(tokens) > self.n_ctx:
+            raise ProbeError(f"a prompt of {len(tokens)} tokens does not fit the context "
+                             f"of {self.n_ctx} (agents.llamacpp.n_ctx)")
+        keep = 0
+        for a, b in zip(self._held, tokens, strict=False):
+            if a != b:
+                break
+            keep += 1
+        keep = min(keep, len(tokens) - 1)  # the last token is decoded again for its state
+        if not self.api.llama_memory_seq_rm(self._memory, 0, keep, -1):
+            self.reset()
+            keep = 0
+        self._held = self._held[:keep]
+        self._decode(tokens, keep)
+        if self._hidden is None:
+            raise ProbeError("llama.cpp gave no hidden state for the prompt")
+        return self._hidden, len(tokens) - keep
+
+    def _decode(self, tokens: Sequence[int], start: int) -> None:
+        self._hidden = None
+        batch = self._batch
+        for lo in range(start, len(tokens), N_BATCH):
+            hi = min(lo + N_BATCH, len(tokens))
+            batch.n_tokens = hi - lo
+            for i, pos in enumerate(range(lo, hi)):
+                batch.token[i] = tokens[pos]
+                batch.pos[i] = pos
+                batch.n_seq_id[i] = 1
+                batch.seq_id[i][0] = 0
+                batch.logits[i] = pos == len(tokens) - 1
+            rc = self.api.llama_decode(self._ctx, batch)
+            if rc != 0:
+                self.reset()
+                raise ProbeError(f"llama_decode failed (code {rc})")
+            self._held.extend(tokens[lo:hi])
+
+    def full_logits(self, tokens: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        """(llama.cpp's logits of the whole vocabulary, the hidden state) after ``tokens``,
+        decoded afresh: what ``verify`` compares with."""
+        self.reset()
+        self._full = True
+        try:
+            self._decode(tokens, 0)
+            hidden = self._hidden
+            logits = np.ctypeslib.as_array(self.api.llama_get_logits_ith(self._ctx, -1),
+                                           (self.n_vocab,)).copy()
+        finally:
+            self._full = False
+            self.reset()
+        if hidden is None:
+            raise HiddenStateUnavailable(f"the graph has no tensor named {HIDDEN_TENSOR!r}")
+        return logits, hidden
+
+    def verify(self, logits_of: AnswerLogits) -> None:
+        """HiddenStateUnavailable unless ``logits_of`` reproduces llama.cpp's own logits."""
+        full, hidden = self.full_logits(self.tokenize(VERIFY_TEXT))
+        gap = float(np.abs(logits_of(hidden) - full[logits_of.ids]).max())
+        if not gap <= VERIFY_TOLERANCE:
+            raise HiddenStateUnavailable(
+                f"answer logits from the hidden state differ from llama.cpp's by {gap:.3g} "
+                f"(allowed {VERIFY_TOLERANCE:g}): this model's output is not a plain "
+                "projection of its last hidden state")
+
+    @contextlib.contextmanager
+    def chain(self, logits_of: AnswerLogits,
+              on_probe: Callable[[int, float], None] | None = None
+              ) -> Iterator[Callable[[str], Probe]]:
+        """A chain of exact probes from an empty cache; yields ``probe_for(prompt)``.
+
+        Each probe returns the logits of ``logits_of.ids`` after the prompt and path, most
+        likely first, as a ``TopLogprobs`` marked complete: every token that an unscaled
+        (untruncated) grammar-constrained draw can return is listed. ``on_probe(decoded,
+        seconds)`` is told of each probe.
+        """
+        self.reset()
+
+        def probe(tokens: tuple[int, ...], path: tuple[int, ...],
+                  top_n: int) -> tuple[TopLogprobs, int, int]:
+            start = time.perf_counter()
+            hidden, decoded = self.hidden_after(tokens + path)
+            logits = logits_of(hidden)
+            order = np.argsort(-logits, kind="stable")
+            top = TopLogprobs(tuple(logits_of.ids[order].tolist()),
+                              tuple(logits[order].tolist()), complete=True)
+            if on_probe is not None:
+                on_probe(decoded, time.perf_counter() - start)
+            return top, decoded, 0
+
+        def probe_for(prompt: str) -> Probe:
+            return functools.partial(probe, tuple(self.tokenize(prompt)))
+
+        try:
+            yield probe_for
+        finally:
+            self.reset()
+
+    def close(self) -> None:
+        api = self.api
+        if self._ctx:
+            api.llama_batch_free(self._batch)
+            api.llama_free(self._ctx)
+            self._ctx = None
+        if self._model:
+            api.llama_model_free(self._model)
+            self._model = None
