@@ -20,6 +20,7 @@ from simpipe.run.round_plan import (
     layout,
     planned_for,
     plans_rounds,
+    prompt_group,
 )
 from simpipe.run.simulation import run_simulation
 from simpipe.store.results import read_ledger, read_rounds
@@ -65,6 +66,21 @@ def test_chunks_are_fixed_size_in_hash_order_whatever_order_tallies_arrive_in():
     # Prompts 10-14 are in partitions 0 and 1: partition 0 pays for them.
     assert set(range(10, 15)) <= set(a.owned[0].tolist())
     assert not set(range(10, 15)) & set(a.owned[1].tolist())
+
+
+def test_prompts_that_differ_only_in_their_last_lines_share_chunks():
+    # Two groups whose hashes interleave: ordered by group, then hash, each chunk holds one
+    # group's prompts (its chain then evaluates only their last lines).
+    hashes = np.arange(16, dtype=np.uint64)
+    groups = np.where(hashes % 2 == 0, 100, 50).astype(np.uint64)
+    plan = layout([PromptTally(0, True, hashes, np.full(16, 2, np.int64), groups)],
+                  min_agents=2, chunk_prompts=4)
+    assert [c.tolist() for c in plan.chunks] == [[1, 3, 5, 7], [9, 11, 13, 15],
+                                                  [0, 2, 4, 6], [8, 10, 12, 14]]
+    assert [a.tolist() for a in plan.agents] == [[2] * 4] * 4
+    prompt = "Rules.\nYou are a teacher.\nWinning number: 26.\nYour number: 35.\nMy number:"
+    assert prompt_group(prompt) == prompt_group(prompt.replace("35", "7"))
+    assert prompt_group(prompt) != prompt_group(prompt.replace("teacher", "nurse"))
 
 
 def test_a_resumed_round_plans_only_prompts_of_partitions_still_to_play():

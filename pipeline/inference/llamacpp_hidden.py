@@ -34,6 +34,7 @@ import ctypes
 import functools
 import mmap
 import os
+import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -142,13 +143,19 @@ def llama_api() -> ctypes.CDLL:
     when the build lacks a function this module calls."""
     import xllamacpp
 
-    path = Path(xllamacpp.__file__).with_name("xllamacpp.abi3.so")
+    gpus = [d.get("name") for d in xllamacpp.get_device_info()
+            if getattr(d.get("type"), "name", "").endswith(("_GPU", "_IGPU"))]
+    if gpus:
+        # The hidden state would be in device memory, and the output projection is cheap
+        # there: the server's probes are the better path on a GPU build.
+        raise HiddenStateUnavailable(f"this xllamacpp build runs on {', '.join(gpus)}; exact "
+                                     "answer logits are computed on CPU-only builds")
     try:
-        lib = ctypes.CDLL(str(path))
+        lib = ctypes.CDLL(sys.modules["xllamacpp.xllamacpp"].__file__)
         for name, (args, result) in _SIGNATURES.items():
             fn = getattr(lib, name)
             fn.argtypes, fn.restype = args, result
-    except (OSError, AttributeError) as exc:
+    except (OSError, AttributeError, KeyError, TypeError) as exc:
         raise HiddenStateUnavailable(f"xllamacpp's module does not export llama.cpp's C API "
                                      f"as this code expects ({exc})") from None
     lib.llama_backend_init()

@@ -7,10 +7,12 @@ answers (``simpipe.agents.shared_answers.sharing_refusal`` is None) a round is t
 played in three stages:
 
 1. one task per partition renders its distinct prompts (``partition_prompts``) and keeps
-   them on its worker; the client gathers only their 64-bit hashes and agent counts;
-2. the client merges them into the round's distinct prompts, sorted by hash, each with its
-   agents in all partitions; those worth a distribution (``worth_a_distribution`` on that
-   count) are cut into chunks of ``chunk_size`` in that order, and each chunk is one task
+   them on its worker; the client gathers only their 64-bit hashes, group hashes
+   (``prompt_group``: the text before the agent's own line and the cue) and agent counts;
+2. the client merges them into the round's distinct prompts, each with its agents in all
+   partitions; those worth a distribution (``worth_a_distribution`` on that count) are
+   ordered by group, then hash, and cut into chunks of ``chunk_size`` in that order (a
+   chunk's prompts then share all but their last lines), and each chunk is one task
    computing its prompts' distributions (``plan_chunk``), reading the prompt texts from the
    stage-1 results (only the planned ones travel: ``texts_of``); the results stay on the
    workers;
@@ -101,6 +103,9 @@ class PromptTally:
     played: bool
     hashes: np.ndarray  # uint64
     counts: np.ndarray  # int64
+    # Per prompt, the hash of its text before the last two lines (``prompt_group``); None:
+    # each prompt a group of its own.
+    groups: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -121,9 +126,19 @@ def partition_prompts(job: PartitionJob, feedback: np.ndarray) -> PartitionPromp
     keys = [_prompt_key(p) for p in prompts]
     hashes = np.fromiter((prompt_hash(k) for k in keys), np.uint64, len(keys))
     counts = np.bincount(codes, minlength=len(keys)).astype(np.int64)
+    groups = np.fromiter((prompt_group(k) for k in keys), np.uint64, len(keys))
     order = np.argsort(hashes, kind="stable")
-    tally = PromptTally(job.partition, played, hashes[order], counts[order])
+    tally = PromptTally(job.partition, played, hashes[order], counts[order], groups[order])
     return PartitionPrompts(tally, {int(h): k for h, k in zip(hashes.tolist(), keys, strict=True)})
+
+
+def prompt_group(prompt_key: str) -> int:
+    """The hash of a prompt's text before its last two lines: a prompt ends with the agent's
+    own line (its numbers, or its last round) and the answer cue, so prompts that share
+    everything else (rules, persona, announced numbers) share this key. Planned chunks are
+    cut from prompts ordered by it, so that a chunk's chain costs each prompt its last lines
+    rather than its persona and history too."""
+    return prompt_hash(prompt_key.rsplit("\n", 2)[0])
 
 
 def tally_of(found: PartitionPrompts) -> PromptTally:
@@ -137,7 +152,7 @@ class Layout:
     prompts each partition carries the cost of."""
 
     distinct: int  # the round's distinct prompts
-    chunks: list[np.ndarray]  # hashes, sorted, chunk_size(all of them) per chunk
+    chunks: list[np.ndarray]  # hashes by (group, hash), chunk_size(all of them) per chunk
     owned: dict[int, np.ndarray]  # partition -> hashes whose cost its agents carry
     # Per chunk, the round's agents on each of its prompts (a tree's pruning follows it).
     agents: list[np.ndarray]
@@ -156,18 +171,23 @@ def layout(tallies: Sequence[PromptTally], min_agents: int,
     if not tallies:
         return Layout(0, [], {}, [])
     hashes = np.concatenate([t.hashes for t in tallies] + [_EMPTY])
+    groups = np.concatenate([t.hashes if t.groups is None else t.groups for t in tallies]
+                            + [_EMPTY])
     counts = np.concatenate([t.counts for t in tallies] + [np.empty(0, np.int64)])
     parts = np.concatenate([np.full(t.hashes.size, t.partition, np.int64) for t in tallies]
                            + [np.empty(0, np.int64)])
     played = np.concatenate([np.full(t.hashes.size, t.played) for t in tallies]
                             + [np.empty(0, bool)])
-    uniq, inverse = np.unique(hashes, return_inverse=True)
+    uniq, first_row, inverse = np.unique(hashes, return_index=True, return_inverse=True)
     total = np.bincount(inverse, weights=counts, minlength=uniq.size).astype(np.int64)
     needed = np.bincount(inverse, weights=played, minlength=uniq.size) > 0
     worth = np.fromiter((worth_a_distribution(int(n), min_agents, lazy_walks)
                          for n in total.tolist()), bool, total.size)
-    chosen = uniq[worth & needed]  # sorted: np.unique sorts
-    on_chosen = total[worth & needed]
+    pick = worth & needed
+    # By group, then hash: prompts that differ only in their last lines go to one chunk.
+    order = np.lexsort((uniq[pick], groups[first_row][pick]))
+    chosen = uniq[pick][order]
+    on_chosen = total[pick][order]
     size = chunk_prompts or chunk_size(int(chosen.size))
     chunks = [chosen[i:i + size] for i in range(0, chosen.size, size)]
     agents = [on_chosen[i:i + size] for i in range(0, chosen.size, size)]
@@ -200,7 +220,7 @@ def texts_of(found: PartitionPrompts, planned: np.ndarray) -> dict[int, str]:
 
 def plan_chunk(config: Config, hashes: np.ndarray, agents: np.ndarray,
                *texts_by_part: dict[int, str]) -> PlannedChunk:
-    """Stage 2 (a worker task): the distributions of one chunk's prompts, in hash order;
+    """Stage 2 (a worker task): the distributions of one chunk's prompts, in its order;
     ``agents``: the round's agents on each (how much of a tree is worth probing)."""
     wanted = hashes.tolist()
     texts: dict[int, str] = {}
@@ -214,7 +234,7 @@ def plan_chunk(config: Config, hashes: np.ndarray, agents: np.ndarray,
     settings = ChainSettings(s.temperature, s.top_p, s.top_k, s.min_p)
     bounds = game_for(config.game).answer().bounds
     # The chunk's prompts in text order, one chain: neighbours share the rules and often the
-    # persona, so each costs its distinct suffix. The chunk (hash order, fixed size) and this
+    # persona, so each costs its distinct suffix. The chunk (layout order, fixed size) and this
     # order depend only on the prompts, so the numbers are the same on any worker.
     order = sorted(range(len(wanted)), key=lambda i: texts[wanted[i]])
     counts = agents.tolist()
