@@ -370,9 +370,11 @@ class HiddenStateEngine:
         """A chain of exact probes from an empty cache; yields ``probe_for(prompt)``.
 
         Each probe returns the logits of ``logits_of.ids`` after the prompt and path, most
-        likely first, as a ``TopLogprobs`` marked complete: every token that an unscaled
-        (untruncated) grammar-constrained draw can return is listed. ``on_probe(decoded,
-        seconds)`` is told of each probe.
+        likely first, as a ``TopLogprobs`` marked complete: every token that an untruncated
+        grammar-constrained draw can return is listed, and such a draw depends only on the
+        differences of their logits, so they stand in for log-probabilities (which would
+        need the whole vocabulary's normaliser). ``on_probe(decoded, seconds)`` is told of
+        each probe.
         """
         self.reset()
 
