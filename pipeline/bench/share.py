@@ -156,7 +156,8 @@ def format_table(rows: list[dict]) -> str:
 
 def _openai_rows(config: Config) -> list[dict]:
     """The config's run through the ``openai`` back-end to a llama.cpp server (the model of
-    ``[agents.llamacpp]``) that the bench starts and stops."""
+    ``[agents.llamacpp]``) that the bench starts and stops, sharing answers over HTTP the
+    way that server allows (``answer_distributions = "llamacpp"``)."""
     embedded = config.agents.llamacpp
     model = resolve_model_path(embedded)
     with tempfile.TemporaryDirectory(prefix="simpipe-share-") as tmp, \
@@ -165,7 +166,8 @@ def _openai_rows(config: Config) -> list[dict]:
         raw["agents"]["backend"] = "openai"
         raw["agents"]["openai"] = {**raw["agents"].get("openai", {}),
                                    "endpoints": [server.url],
-                                   "max_concurrency": embedded.n_parallel}
+                                   "max_concurrency": embedded.n_parallel,
+                                   "answer_distributions": "llamacpp"}
         served = _in(config_from_dict(raw, source="bench share --case openai"), Path(tmp))
         return _round_rows(served, "openai -> llama.cpp server")
 
