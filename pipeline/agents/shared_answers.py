@@ -63,7 +63,7 @@ def sharing_refusal(share_answers: str, game: AnyGameConfig, backend_name: str,
 
 # What deciding a prompt costs on the embedded engine, measured on 2 cores (Gemma 3 270M,
 # xllamacpp, threads = 2; docs/measurements.md): a fresh prompt evaluation ~200 ms; a one-token
-# probe on a cached prefix ~14 ms (exact answer logits; 10 ms on one thread, 30-35 ms through
+# probe on a cached prefix ~14 ms (exact answer logits; 9 ms on one thread, 27-35 ms through
 # the server's top-n); a full answer tree ~22 probes; a lazy walk ~3 probes for its first
 # agent.
 FRESH_PROMPT_S = 0.200

@@ -3,7 +3,7 @@
 An answer-tree probe needs the probabilities of a dozen tokens (the digits, a space, the
 end of generation), but llama.cpp computes the logits of all 262,144 tokens of Gemma's
 vocabulary for it: the output projection is most of a one-token decode (measured on one
-thread: 22 ms per probe through the server, 8.6 ms when the decode stops at the hidden
+thread: 27-35 ms per probe through the server, 9-10 ms when the decode stops at the hidden
 state; docs/measurements.md). Under the default sampler settings (no top_k, top_p or min_p)
 llama.cpp's grammar-constrained draw depends only on the logits of the tokens the grammar
 accepts (``llamacpp_sampler``: a softmax over them at the temperature), so the rest of the
@@ -14,13 +14,14 @@ llama.cpp's C API, which xllamacpp's extension exports (the same build, so the s
 kernels as the server's). Its graph callback (``cb_eval``) watches the tensor llama.cpp
 names ``result_norm`` (the normalised last hidden state, the output projection's input),
 copies it and stops the graph there: the key/value cache is already written by then.
-``AnswerLogits`` then computes the logits of the answer tokens as llama.cpp's CPU kernels
-do: for a Q8_0 output matrix (the default model's) the hidden state is quantized to Q8_0
-blocks like ggml's ``quantize_row_q8_0`` and each block's integer dot product is scaled by
-both blocks' scales (measured: within 2e-6 of llama.cpp's own logits). ``verify`` checks
-this against llama.cpp's full logits once per engine; a model whose output it does not
-reproduce (another matrix type, a logit scale of its own) raises HiddenStateUnavailable,
-and the back-end keeps the server's top-n probes.
+``AnswerLogits`` then computes the logits of the answer tokens with ggml's own CPU kernels
+for the output matrix's type, on that matrix's rows read from the GGUF file (for the
+default model's Q8_0 rows: the hidden state quantized to Q8_0 blocks, then integer dot
+products; measured: equal to llama.cpp's own logits bit for bit, where plain float
+products of the dequantized rows are 0.08 off). ``verify`` checks this against llama.cpp's
+full logits once per engine; a model whose output it does not reproduce (a logit scale or
+bias of its own) raises HiddenStateUnavailable, and the back-end keeps the server's top-n
+probes.
 
 A chain of probes runs in one sequence from an empty cache, each prompt reusing the
 longest prefix the chain itself left, so a fixed sequence of probes gives bit-identical
@@ -42,14 +43,12 @@ from pathlib import Path
 import numpy as np
 
 from simpipe.inference.answer_distribution import Probe, ProbeError
-from simpipe.inference.gguf_vocab import OutputMatrix, output_matrix
+from simpipe.inference.gguf_vocab import output_matrix
 from simpipe.inference.llamacpp_sampler import TopLogprobs
 
 _P = ctypes.c_void_p
 HIDDEN_TENSOR = b"result_norm"  # llama.cpp's name for the output projection's input
-GGML_F32, GGML_F16, GGML_Q8_0 = 0, 1, 8  # ggml_type values
-Q8_BLOCK = 32
-Q8_BLOCK_BYTES = 34  # an fp16 scale, then 32 int8
+GGML_F32, GGML_Q8_0 = 0, 8  # ggml_type values
 # How far the logits computed here may be from llama.cpp's own (float rounding only).
 VERIFY_TOLERANCE = 1e-3
 VERIFY_TEXT = "Pick a whole number from 0 to 100. My number:"
@@ -108,6 +107,24 @@ class _Batch(ctypes.Structure):
 
 
 _EVAL_CALLBACK = ctypes.CFUNCTYPE(ctypes.c_bool, _P, ctypes.c_bool, _P)
+_FROM_FLOAT = ctypes.CFUNCTYPE(None, _P, _P, ctypes.c_int64)
+_VEC_DOT = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.POINTER(ctypes.c_float), ctypes.c_size_t,
+                            _P, ctypes.c_size_t, _P, ctypes.c_size_t, ctypes.c_int)
+
+
+class _TypeTraits(ctypes.Structure):
+    """``struct ggml_type_traits``."""
+
+    _fields_ = [("type_name", ctypes.c_char_p), ("blck_size", ctypes.c_int64),
+                ("blck_size_interleave", ctypes.c_int64), ("type_size", ctypes.c_size_t),
+                ("is_quantized", ctypes.c_bool), ("to_float", _P), ("from_float_ref", _P)]
+
+
+class _CpuTraits(ctypes.Structure):
+    """``struct ggml_type_traits_cpu``: the CPU kernels of one ggml type."""
+
+    _fields_ = [("from_float", _P), ("vec_dot", _P), ("vec_dot_type", ctypes.c_int),
+                ("nrows", ctypes.c_int64)]
 
 # name: (argument types, result type)
 _SIGNATURES: dict[str, tuple[list, object]] = {
@@ -134,6 +151,8 @@ _SIGNATURES: dict[str, tuple[list, object]] = {
     "ggml_get_name": ([_P], ctypes.c_char_p),
     "ggml_get_data_f32": ([_P], ctypes.POINTER(ctypes.c_float)),
     "ggml_nelements": ([_P], ctypes.c_int64),
+    "ggml_get_type_traits": ([ctypes.c_int], ctypes.POINTER(_TypeTraits)),
+    "ggml_get_type_traits_cpu": ([ctypes.c_int], ctypes.POINTER(_CpuTraits)),
 }
 
 
@@ -162,69 +181,68 @@ def llama_api() -> ctypes.CDLL:
     return lib
 
 
-def quantize_q8_0(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(block scales, int8 values) of ``x`` as ggml's ``quantize_row_q8_0`` writes them:
-    blocks of 32, scale = max |x| / 127 stored as fp16, values rounded to nearest."""
-    blocks = np.asarray(x, np.float32).reshape(-1, Q8_BLOCK)
-    amax = np.abs(blocks).max(axis=1)
-    scale = amax / np.float32(127)
-    inverse = np.divide(np.float32(127), amax, out=np.zeros_like(amax), where=amax != 0)
-    values = np.rint(blocks * inverse[:, None]).astype(np.int64)
-    return scale.astype(np.float16).astype(np.float64), values
-
-
 class AnswerLogits:
-    """The output-matrix rows of a set of tokens, and their logits from a hidden state as
-    llama.cpp's CPU kernels compute them (see the module docstring)."""
+    """The output-matrix rows of a set of tokens, and their logits from a hidden state
+    computed by ggml's own CPU kernels for the matrix's type: the hidden state converted to
+    the type the kernel pairs with it (``vec_dot_type``: Q8_0 for Q8_0 rows, Q8_K for
+    k-quants, F16 for F16) by ggml's ``from_float``, then one ``vec_dot`` per row, as a
+    one-row matrix product in llama.cpp does."""
 
     def __init__(self, model_path: str | Path, ids: Sequence[int]) -> None:
+        api = llama_api()
         matrix = output_matrix(str(model_path))
         self.ids = np.asarray(sorted(set(ids)), dtype=np.int64)
         if self.ids.size == 0 or self.ids[0] < 0 or self.ids[-1] >= matrix.n_vocab:
             raise ValueError(f"token ids outside the vocabulary of {matrix.n_vocab}")
         self.matrix = matrix
-        self._rows = _read_rows(Path(model_path), matrix, self.ids)
+        self.n = matrix.n_embd
+        kernel = api.ggml_get_type_traits_cpu(matrix.ggml_type).contents
+        if not kernel.vec_dot:
+            raise HiddenStateUnavailable(f"{matrix.name}: ggml has no CPU dot product for "
+                                         f"its type ({matrix.ggml_type})")
+        self._dot = _VEC_DOT(kernel.vec_dot)
+        self._act_bytes = _row_bytes(api, kernel.vec_dot_type, self.n, matrix.name)
+        act = api.ggml_get_type_traits_cpu(kernel.vec_dot_type).contents
+        self._convert = _FROM_FLOAT(act.from_float) if act.from_float else None
+        if self._convert is None and kernel.vec_dot_type != GGML_F32:
+            raise HiddenStateUnavailable(f"{matrix.name}: ggml cannot convert an activation "
+                                         f"to type {kernel.vec_dot_type}")
+        row_bytes = _row_bytes(api, matrix.ggml_type, self.n, matrix.name)
+        path = Path(model_path)
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+            if matrix.offset + matrix.n_vocab * row_bytes > len(buf):
+                raise HiddenStateUnavailable(f"{path}: {matrix.name} runs past the end of "
+                                             "the file")
+            self._rows = np.stack([
+                np.frombuffer(buf, np.uint8, row_bytes, matrix.offset + t * row_bytes)
+                for t in self.ids.tolist()])
 
     def __call__(self, hidden: np.ndarray) -> np.ndarray:
         """Logits of ``self.ids`` (float64) after the hidden state ``hidden``."""
-        kind = self.matrix.ggml_type
-        if kind == GGML_Q8_0:
-            scales, values = self._rows
-            h_scale, h_values = quantize_q8_0(hidden)
-            logits = ((values * h_values[None]).sum(axis=2) * scales * h_scale[None]).sum(axis=1)
-        elif kind == GGML_F16:  # llama.cpp multiplies F16 weights by an F16 activation
-            logits = self._rows @ np.asarray(hidden, np.float16).astype(np.float64)
+        h = np.ascontiguousarray(hidden, np.float32)
+        if h.size != self.n:
+            raise ProbeError(f"a hidden state of {h.size} values for rows of {self.n}")
+        if self._convert is None:
+            act = h
         else:
-            logits = self._rows @ np.asarray(hidden, np.float64)
+            act = np.empty(self._act_bytes, np.uint8)
+            self._convert(h.ctypes.data, act.ctypes.data, self.n)
+        out = ctypes.c_float()
+        logits = np.empty(len(self.ids))
+        act_ptr, row_ptr, stride = act.ctypes.data, self._rows.ctypes.data, self._rows.shape[1]
+        for i in range(len(self.ids)):
+            self._dot(self.n, ctypes.byref(out), 0, row_ptr + i * stride, 0, act_ptr, 0, 1)
+            logits[i] = out.value
         cap = self.matrix.final_logit_softcapping
         return cap * np.tanh(logits / cap) if cap else logits
 
 
-def _read_rows(path: Path, matrix: OutputMatrix, ids: np.ndarray) -> object:
-    n = matrix.n_embd
-    if matrix.ggml_type == GGML_Q8_0:
-        if n % Q8_BLOCK:
-            raise HiddenStateUnavailable(f"{matrix.name}: rows of {n} are not whole Q8_0 blocks")
-        row_bytes = n // Q8_BLOCK * Q8_BLOCK_BYTES
-    elif matrix.ggml_type in (GGML_F32, GGML_F16):
-        row_bytes = n * (4 if matrix.ggml_type == GGML_F32 else 2)
-    else:
-        raise HiddenStateUnavailable(
-            f"{matrix.name} is of ggml type {matrix.ggml_type}; exact answer logits are "
-            "computed for Q8_0, F16 and F32 output matrices only")
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-        end = matrix.offset + matrix.n_vocab * row_bytes
-        if end > len(buf):
-            raise HiddenStateUnavailable(f"{path}: {matrix.name} runs past the end of the file")
-        raw = np.stack([np.frombuffer(buf, np.uint8, row_bytes, matrix.offset + t * row_bytes)
-                        for t in ids.tolist()])
-    if matrix.ggml_type == GGML_Q8_0:
-        blocks = raw.reshape(len(ids), -1, Q8_BLOCK_BYTES)
-        scales = blocks[:, :, :2].copy().view(np.float16)[..., 0].astype(np.float64)
-        values = blocks[:, :, 2:].copy().view(np.int8).astype(np.int64)
-        return scales, values
-    dtype = np.float32 if matrix.ggml_type == GGML_F32 else np.float16
-    return raw.view(dtype).astype(np.float64)
+def _row_bytes(api: ctypes.CDLL, ggml_type: int, n: int, name: str) -> int:
+    traits = api.ggml_get_type_traits(ggml_type).contents
+    if traits.blck_size <= 0 or n % traits.blck_size:
+        raise HiddenStateUnavailable(f"{name}: rows of {n} values are not whole blocks of "
+                                     f"ggml type {ggml_type}")
+    return n // traits.blck_size * traits.type_size
 
 
 class HiddenStateEngine:
