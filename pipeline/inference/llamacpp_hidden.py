@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
+import importlib.metadata
 import mmap
 import os
 import sys
@@ -53,6 +54,10 @@ GGML_F32, GGML_Q8_0 = 0, 8  # ggml_type values
 VERIFY_TOLERANCE = 1e-3
 VERIFY_TEXT = "Pick a whole number from 0 to 100. My number:"
 N_BATCH = 512
+# The xllamacpp releases whose llama.h the structs below were copied from and checked against
+# (tests/inference/test_llamacpp_hidden.py). A struct passed by value with another release's
+# layout would corrupt memory instead of failing, so other releases keep the server's probes.
+CHECKED_XLLAMACPP = ("2026.10.11549",)
 
 
 class HiddenStateUnavailable(RuntimeError):
@@ -156,10 +161,21 @@ _SIGNATURES: dict[str, tuple[list, object]] = {
 }
 
 
-@functools.cache
 def llama_api() -> ctypes.CDLL:
     """llama.cpp's C API from xllamacpp's extension module, typed; HiddenStateUnavailable
-    when the build lacks a function this module calls."""
+    when the installed xllamacpp is not a checked release or lacks a function this module
+    calls."""
+    version = importlib.metadata.version("xllamacpp")
+    if version not in CHECKED_XLLAMACPP:
+        raise HiddenStateUnavailable(
+            f"xllamacpp {version} is installed; the llama.cpp structs this module passes were "
+            f"checked against xllamacpp {', '.join(CHECKED_XLLAMACPP)} only (install "
+            f"xllamacpp=={CHECKED_XLLAMACPP[-1]} for exact answer logits)")
+    return _typed_api()
+
+
+@functools.cache
+def _typed_api() -> ctypes.CDLL:
     import xllamacpp
 
     gpus = [d.get("name") for d in xllamacpp.get_device_info()

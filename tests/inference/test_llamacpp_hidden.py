@@ -12,10 +12,16 @@ import pytest
 
 from simpipe.bench.invariance import round3_prompts
 from simpipe.games.answer_format import IntegerAnswers
+from simpipe.inference import llamacpp_hidden
 from simpipe.inference.answer_distribution import answer_distribution
 from simpipe.inference.gguf_vocab import output_matrix
 from simpipe.inference.llamacpp import LlamaCppBackend, default_model_path
-from simpipe.inference.llamacpp_hidden import GGML_Q8_0, AnswerLogits, HiddenStateEngine
+from simpipe.inference.llamacpp_hidden import (
+    GGML_Q8_0,
+    AnswerLogits,
+    HiddenStateEngine,
+    HiddenStateUnavailable,
+)
 from simpipe.inference.llamacpp_sampler import ChainSettings
 from simpipe.inference.settings import LlamaCppSettings
 
@@ -118,3 +124,11 @@ def test_a_model_whose_logits_are_not_reproduced_keeps_the_servers_probes(
         assert not top.complete and len(top.ids) == 16
     finally:
         asyncio.run(b.aclose())
+
+
+def test_an_unchecked_xllamacpp_release_is_refused_before_any_struct_is_passed(monkeypatch):
+    """Another xllamacpp release may lay llama.cpp's structs out differently; the C API is
+    then not touched at all and the message names the release to install."""
+    monkeypatch.setattr(llamacpp_hidden, "CHECKED_XLLAMACPP", ("0.0.1",))
+    with pytest.raises(HiddenStateUnavailable, match=r"install xllamacpp==0\.0\.1"):
+        llamacpp_hidden.llama_api()
