@@ -123,13 +123,6 @@ def worth_a_distribution(n_agents: int, min_agents: int, lazy_walks: bool = Fals
     return n_agents >= min_agents
 
 
-def draw_uniforms(seeds: np.ndarray) -> np.ndarray:
-    """One uniform in [0, 1) per agent seed (splitmix64 of the seed, 53 bits)."""
-    with np.errstate(over="ignore"):
-        x = (seeds.astype(np.uint64) ^ _DRAW_STREAM) * GOLDEN
-    return (splitmix64(x) >> np.uint64(11)).astype(np.float64) * (1.0 / 2**53)
-
-
 def step_uniforms(seeds: np.ndarray, steps: int) -> np.ndarray:
     """``steps`` uniforms in [0, 1) per agent seed (agents x steps), one per token of an
     answer walked through its tree (``simpipe.inference.answer_tree``): splitmix64 of the

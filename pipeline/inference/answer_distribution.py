@@ -94,12 +94,6 @@ class AnswerDistribution:
         return draw_answers(lambda path, text, reach: self.nodes.get(path), self.shape,
                             uniforms)
 
-    def draw(self, uniforms: np.ndarray) -> np.ndarray:
-        """Index into ``texts`` for each uniform in [0, 1) (inverse of the CDF)."""
-        cdf = np.cumsum(self.probs)
-        idx = np.searchsorted(cdf, uniforms * cdf[-1], side="right")
-        return np.minimum(idx, len(self.texts) - 1)
-
 
 class ProbeError(RuntimeError):
     """The model did not return next-token log-probabilities for a prompt."""
