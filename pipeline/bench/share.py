@@ -45,6 +45,8 @@ FORMATS = {"agents": "{:,}", "distinct_prompts": "{:,}", "sharing_factor": "{:,.
 CASES = {"default": (1_000_000, 2), "paper": (1_000, 5), "openai": (1_000, 5),
          "emulate": (1_000_000, 3)}
 EMULATED_PROFILE = "a100-llama3-8b"
+#: Samples per request when the emulated fleet shares (OpenAI's cap on `n`; vLLM takes more).
+EMULATED_N = 128
 PAPER_EDUCATION = ("Elementary School", "High School", "Bachelor's Degree", "Master's Degree",
                    "Ph.D.")
 
@@ -184,8 +186,11 @@ def emulated_config(agents: int, rounds: int, servers: int, time_scale: float,
                                "endpoints": [f"http://gpu-{i:02d}:8000"
                                              for i in range(servers)],
                                # The emulated servers speak vLLM's log-probability routes:
-                               # sharing computes answer distributions through them.
-                               "answer_distributions": "vllm" if share != "off" else "off"}
+                               # sharing computes answer distributions through them, and the
+                               # agents of a prompt whose distribution is not worth it (or
+                               # not pinned down by the top 20) share requests with n samples.
+                               "answer_distributions": "vllm" if share != "off" else "off",
+                               "n_per_request": EMULATED_N if share != "off" else 1}
     raw["cluster"]["servers"] = {**raw["cluster"].get("servers", {}),
                                  "emulated": {"profile": EMULATED_PROFILE,
                                               "time_scale": time_scale}}
