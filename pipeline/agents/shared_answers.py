@@ -36,7 +36,6 @@ from simpipe.inference.answer_distribution import (
     answer_distribution,
 )
 from simpipe.inference.base import Backend
-from simpipe.inference.gguf_vocab import AnswerVocab
 from simpipe.inference.llamacpp_sampler import ChainSettings
 
 _DRAW_STREAM = np.uint64(0xD1B54A32D192ED03)
@@ -195,19 +194,9 @@ class SharedAnswers:
             event.set()
 
     def _compute(self, prompt: str, settings: ChainSettings, max_tokens: int,
-                 bounds: tuple[float, float], max_unseen: float,
-                 prune: float = PRUNE_BELOW) -> Lookup:
-        if hasattr(self.backend, "logprob_chain"):
-            vocab = self._vocab(bounds)
-            with self.backend.logprob_chain(vocab, settings) as probe_for:
-                return self._walk_tree(probe_for(prompt), settings, max_tokens, bounds,
-                                       max_unseen, prune)
-        with self.backend.logprob_session(prompt) as probe:  # type: ignore[attr-defined]
-            return self._walk_tree(probe, settings, max_tokens, bounds, max_unseen, prune)
-
-    def _vocab(self, bounds: tuple[float, float]) -> AnswerVocab:
-        return self.backend.answer_vocab(  # type: ignore[attr-defined]
-            IntegerAnswers(*bounds).alphabet)
+                 bounds: tuple[float, float], max_unseen: float) -> Lookup:
+        return self._trees([prompt], [PRUNE_BELOW], settings, max_tokens, bounds,
+                           max_unseen)[0]
 
     def compute_chain(self, prompts: list[str], settings: ChainSettings, max_tokens: int,
                       bounds: tuple[float, float], max_unseen: float,
@@ -220,13 +209,26 @@ class SharedAnswers:
         round draw from each prompt; its tree leaves out what ``prune_below`` says."""
         prunes = ([prune_below(k) for k in agents] if agents is not None
                   else [PRUNE_BELOW] * len(prompts))
-        if not hasattr(self.backend, "logprob_chain"):
-            return [self._compute(p, settings, max_tokens, bounds, max_unseen, prune)
-                    for p, prune in zip(prompts, prunes, strict=True)]
-        with self.backend.logprob_chain(self._vocab(bounds), settings) as probe_for:
-            return [self._walk_tree(probe_for(p), settings, max_tokens, bounds, max_unseen,
-                                    prune)
-                    for p, prune in zip(prompts, prunes, strict=True)]
+        return self._trees(prompts, prunes, settings, max_tokens, bounds, max_unseen)
+
+    def _trees(self, prompts: list[str], prunes: list[float], settings: ChainSettings,
+               max_tokens: int, bounds: tuple[float, float], max_unseen: float
+               ) -> list[Lookup]:
+        """The trees of ``prompts`` in one chain where the back-end has one (the embedded
+        engine: exact answer logits where the settings allow), else one session each."""
+        pairs = zip(prompts, prunes, strict=True)
+        if hasattr(self.backend, "logprob_chain"):
+            vocab = self.backend.answer_vocab(  # type: ignore[attr-defined]
+                IntegerAnswers(*bounds).alphabet)
+            with self.backend.logprob_chain(vocab, settings) as probe_for:
+                return [self._walk_tree(probe_for(p), settings, max_tokens, bounds,
+                                        max_unseen, prune) for p, prune in pairs]
+        found = []
+        for p, prune in pairs:
+            with self.backend.logprob_session(p) as probe:  # type: ignore[attr-defined]
+                found.append(self._walk_tree(probe, settings, max_tokens, bounds,
+                                             max_unseen, prune))
+        return found
 
     def _walk_tree(self, probe: Probe, settings: ChainSettings, max_tokens: int,
                    bounds: tuple[float, float], max_unseen: float,

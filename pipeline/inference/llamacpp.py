@@ -490,16 +490,15 @@ class LlamaCppBackend(Backend):
         return answer_vocab(str(self.model_path), alphabet)
 
     @contextlib.contextmanager
-    def logprob_session(self, prompt: str, vocab: AnswerVocab | None = None,
-                        settings: ChainSettings | None = None) -> Iterator[Probe]:
+    def logprob_session(self, prompt: str) -> Iterator[Probe]:
         """Exclusive use of the engine to ask for next-token log-probabilities after
         ``prompt`` followed by token ids; yields ``probe(path, top_n)`` (see ``Probe``).
 
-        A chain (``logprob_chain``, the same arguments) of this one prompt: the first call
+        A chain (``logprob_chain``) of this one prompt through the server: the first call
         decodes the prompt afresh, so a fixed sequence of calls gives bit-identical answers
         on every run, whatever ran before.
         """
-        with self.logprob_chain(vocab, settings) as probe_for:
+        with self.logprob_chain() as probe_for:
             yield probe_for(prompt)
 
     def exact_answer_logits(self, vocab: AnswerVocab,
