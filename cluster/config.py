@@ -23,6 +23,7 @@ from pydantic import (
     Discriminator,
     Field,
     FiniteFloat,
+    StrictBool,
     StrictInt,
     Tag,
     field_validator,
@@ -159,7 +160,8 @@ class EmulatedServersConfig(_Section):
         "`a100-llama3-8b`, `h100-llama3-8b`, `fast` ([emulator](emulator.md))"))
     params: dict[str, float] = Field(default_factory=dict, description=(
         "per-parameter overrides of the profile: `max_batch`, `max_batch_prefill_tokens`, "
-        "`max_concurrent_requests`, `prefill_s_per_token`, `step_base_s`, `step_per_seq_s`"))
+        "`max_concurrent_requests`, `prefill_s_per_token`, `step_base_s`, `step_per_seq_s`, "
+        "`prefix_caching` (1 or 0), `block_size`, `kv_cache_tokens`"))
     time_scale: FiniteFloat = Field(1.0, ge=TIME_SCALE_RANGE[0], le=TIME_SCALE_RANGE[1],
                                     description=(
         "the emulation runs this many times faster than the GPUs would; every figure it "
@@ -224,6 +226,12 @@ class ServersConfig(_Section):
         "extra `#SBATCH` lines of the server jobs, e.g. `[\"--constraint=a100\"]`"))
     job_script_prologue: list[str] = Field(default_factory=list, description=(
         "shell lines before each server starts (`module load ...`)"))
+    batch_invariant: StrictBool = Field(False, description=(
+        "start the servers in their batch-invariant mode (`vllm`: `VLLM_BATCH_INVARIANT=1`, "
+        "beta, recent NVIDIA GPUs only): a request's output no longer depends on what else is "
+        "in its batch, so with the per-request seed the same config gives the same guesses "
+        "([same seed, same guesses](shared-answers.md#same-seed-same-guesses)); refused for "
+        "kinds without such a mode"))
     emulated: EmulatedServersConfig = Field(EmulatedServersConfig(), description=(
         "the emulator's settings, for `kind = \"emulated\"` and for `--emulate`"))
 
@@ -233,6 +241,10 @@ class ServersConfig(_Section):
             raise ValueError(f'kind = "{self.kind}" needs command = "... --port {{port}} ..."')
         if self.plugin.needs_model and not self.model and not self.command:
             raise ValueError(f'kind = "{self.kind}" needs model = "<model id or path>"')
+        if self.batch_invariant and not self.plugin.batch_invariant_env:
+            able = [k.name for k in SERVER_KINDS.values() if k.batch_invariant_env]
+            raise ValueError(f'batch_invariant = true: kind = "{self.kind}" has no '
+                             f"batch-invariant mode (only {', '.join(able)})")
         if self.container != "none" and not self.image:
             raise ValueError(f'container = "{self.container}" needs image = "<.sif or docker://...>"')
         if self.port + self.nodes * self.per_node - 1 > 65535:

@@ -55,6 +55,10 @@ class ServerKindPlugin:
     #: ``extra_args`` flags that set an emulator parameter (flag -> parameter).
     emulator_params: Mapping[str, float] = field(default_factory=dict)
     emulator_flags: Mapping[str, str] = field(default_factory=dict)
+    #: ``cluster.servers.batch_invariant``: the environment that makes this kind's output of
+    #: a request independent of what else is in its batch (with the per-request seed: the
+    #: same guesses on every run); empty: the kind has no such mode and the key is refused.
+    batch_invariant_env: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def needs_command(self) -> bool:
@@ -90,7 +94,11 @@ SERVER_KINDS: dict[str, ServerKindPlugin] = {kind.name: kind for kind in (
                   "{extra_args}"),
         emulator_params={"max_concurrent_requests": NO_LIMIT},
         emulator_flags={"--max-num-seqs": "max_batch",
-                        "--max-num-batched-tokens": "max_batch_prefill_tokens"}),
+                        "--max-num-batched-tokens": "max_batch_prefill_tokens",
+                        "--block-size": "block_size"},
+        # vLLM's documented switch (docs "Batch Invariance", beta; NVIDIA GPUs of compute
+        # capability 8.0 or higher in its latest docs, 9.0 in earlier ones).
+        batch_invariant_env={"VLLM_BATCH_INVARIANT": "1"}),
     # llama.cpp's server through the embedded engine (CPU nodes, tests).
     ServerKindPlugin(
         "llamacpp", "the embedded engine's HTTP server, for CPU nodes", endpoint_backend="openai",

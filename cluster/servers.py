@@ -125,6 +125,9 @@ def server_job_script(cluster: ClusterConfig, cluster_name: str, index: int,
         lines.append(f"#SBATCH --output={log_dir}/%x-%j.out")
     lines += [f"#SBATCH {d}" for d in cfg.job_extra_directives]
     lines += list(cfg.job_script_prologue)
+    if cfg.batch_invariant:  # after the prologue, so that no `module load` undoes it
+        lines += [f"export {k}={shlex.quote(v)}"
+                  for k, v in sorted(cfg.plugin.batch_invariant_env.items())]
     ports = f"ports {port}-{port + in_job - 1}" if in_job > 1 else f"port {port}"
     lines.append(f"echo \"simpipe server job {index} on $(hostname) {ports}\"")
     # exec: scancel's SIGTERM reaches the server itself, which shuts down cleanly.

@@ -50,8 +50,8 @@ class Turn:
     round_index: int
     partition: int
     # (agents, rounds so far): what each agent's group was told after each round (the
-    # game's feedback column: the beauty contest's winning number, the public goods game's
-    # total contribution); NaN where nothing was announced
+    # game's feedback column: the beauty contest's target, told as the winning number, the
+    # public goods game's total contribution); NaN where nothing was announced
     past_feedback: np.ndarray
     # (agents, rounds so far): each agent's own earlier answers, NaN where invalid; None
     # when the policy does not ask for them (reading them costs a file per round)
@@ -62,6 +62,10 @@ class Turn:
     # partition is charged for it (zero except in the one partition that carries its cost).
     # Empty where the round is not planned.
     planned: Mapping[str, Any] = field(default_factory=dict)
+    # Whether the round plan chose how every prompt of the round is answered: a prompt not in
+    # ``planned`` is then answered by calls (the plan found them cheaper, or its distribution
+    # could not be pinned down), never by a distribution of this partition's own.
+    plan_decides: bool = False
 
     def rng(self, stream: int) -> np.random.Generator:
         """A generator that depends only on (seed, stream, round, partition)."""
@@ -158,6 +162,8 @@ class Game(abc.ABC):
     answer_plural: ClassVar[str]  # "guesses", "contributions"
     summary_columns: ClassVar[tuple[str, ...]]  # summary.parquet, in order
     feedback_column: ClassVar[str]  # the summary column announced to each group
+    #: A line under ``simpipe show``'s summary saying what its columns mean ("" for none).
+    summary_note: ClassVar[str] = ""
     equilibrium_name: ClassVar[str] = "equilibrium"  # or "Nash equilibrium", ...
     # Whether scripted agents need their own earlier answers (``Turn.past_answers``).
     scripted_needs_own_answers: ClassVar[bool] = False
@@ -196,15 +202,21 @@ class Game(abc.ABC):
     # === the round, from the rules ======================================================
 
     def reduce(self, partials: Sequence[Partial], round_index: int) -> pd.DataFrame:
-        """One summary row per group (``summary_columns``), sorted by group."""
-        return self.reduce_merged(Partial.concat(list(partials)), round_index)
+        """One summary row per group (``summary_columns``), sorted by group. A summary's
+        ``round`` column numbers rounds from 1, as players and readers count them; the code's
+        ``round_index`` counts from 0 (its rows have ``round`` = ``round_index + 1``, set
+        here whatever ``reduce_merged`` wrote)."""
+        rows = self.reduce_merged(Partial.concat(list(partials)), round_index)
+        rows["round"] = np.int32(round_index + 1)
+        return rows
 
     def feedback_table(self, summary: pd.DataFrame, n_groups: int, upto: int) -> np.ndarray:
-        """(groups, rounds < upto): the number announced to each group after each round."""
+        """(groups, round indices < upto): the number announced to each group after each
+        round; ``summary``'s rounds numbered from 1."""
         table = np.full((n_groups, upto), np.nan)
         if upto and len(summary):
-            done = summary[summary["round"] < upto]
-            table[done["group_id"].to_numpy(), done["round"].to_numpy()] = (
+            done = summary[summary["round"] <= upto]
+            table[done["group_id"].to_numpy(), done["round"].to_numpy() - 1] = (
                 done[self.feedback_column].to_numpy())
         return table
 
@@ -333,6 +345,13 @@ class Game(abc.ABC):
         """The comparison tables for one run (each with its records and notes); the report
         concatenates the tables of the same key over runs."""
         return []
+
+    def dominated_shares(self, values: np.ndarray) -> dict[str, float] | None:
+        """Among the valid answers ``values``, the shares of answers no player should give
+        whatever the others do (the beauty contest: above the highest target possible) and
+        at the top of the range, as ``{"dominated_share": ..., "top_share": ...}`` (NaN for
+        no answers); None: the game has no dominated answers."""
+        return None
 
 
 def _number(value: float) -> float | None:

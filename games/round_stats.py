@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import pandas as pd
 
+from simpipe.games.validity import COMPARABLE_INVALID_SHARE, MIN_N, MIN_VALID_SHARE, problem
+
 #: The invalid answers the report counts per round: why a chain of thought gave no answer.
 COUNTED = ("truncated", "no_final_answer")
-#: The largest share of invalid answers a run may have for the report to set it beside
-#: published numbers (the paper's LLMs, human subjects): past it the valid answers are a
-#: selection (the short chains of thought, say), not the run's result.
-COMPARABLE_INVALID_SHARE = 0.05
 
 
 def answer_stats(rows: pd.DataFrame, values: pd.Series | None = None) -> pd.DataFrame:
@@ -45,7 +43,11 @@ def comparison_refusal(label: str, rounds: pd.DataFrame) -> str | None:
     n = int(rounds["n"].sum())
     invalid = n - int(rounds["n_valid"].sum())
     if n == 0 or invalid <= COMPARABLE_INVALID_SHARE * n:
-        return None
+        first = problem(rounds["n"].iloc[0], rounds["n_valid"].iloc[0]) if len(rounds) else None
+        if n == 0 or first is None:
+            return None
+        return (f"{label}: not set beside published numbers: its first round has {first} "
+                f"(a group needs {MIN_VALID_SHARE:.0%} valid answers and at least {MIN_N})")
     why = [f"{int(rounds[f'n_{s}'].sum()):,} {s.replace('_', ' ')}" for s in COUNTED
            if f"n_{s}" in rounds and rounds[f"n_{s}"].sum()]
     detail = f" ({', '.join(why)})" if why else ""

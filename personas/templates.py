@@ -3,6 +3,11 @@
 Rendering goes column by column in Arrow (cast each placeholder's column to text, then one
 element-wise join), never row by row in Python: a million personas take well under a
 second and stay out of the Python heap until pandas needs them.
+
+A value that ends a sentence itself is not given a second full stop: with the template's
+"... education is {education}." the value "Ph.D." reads "Ph.D.", not "Ph.D..". Where a
+placeholder is followed by a literal starting with ".", that "." is left out for the
+values ending in ".", "!" or "?" (``TERMINAL``).
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 _FORMATTER = string.Formatter()
+#: Characters that end a sentence: a value ending in one takes no "." after it.
+TERMINAL = ".!?"
 
 
 def template_fields(template: str) -> list[str]:
@@ -63,7 +70,13 @@ def render_template(template: str, frame: pd.DataFrame) -> pa.Array:
     pieces: list[pa.Array | str] = []
     for literal, name, _spec, _conv in _FORMATTER.parse(template):
         if literal:
-            pieces.append(literal)
+            if literal.startswith(".") and pieces and not isinstance(pieces[-1], str):
+                # The stop only after values that do not end a sentence themselves.
+                ends = pc.match_substring_regex(pieces[-1], f"[{TERMINAL}]$")
+                pieces.append(pc.if_else(pc.fill_null(ends, False), "", "."))
+                literal = literal[1:]
+            if literal:
+                pieces.append(literal)
         if name is not None:
             pieces.append(_as_text(frame[name]))
     if not pieces:
@@ -75,5 +88,16 @@ def render_template(template: str, frame: pd.DataFrame) -> pa.Array:
 
 
 def render_one(template: str, record: dict) -> str:
-    """One persona from one record (the LLM fallback path: a few rows at a time)."""
-    return template.format_map({k: str(v) for k, v in record.items()})
+    """One persona from one record (the LLM fallback path: a few rows at a time), as
+    ``render_template`` renders it."""
+    out: list[str] = []
+    value = None  # the value rendered just before this literal
+    for literal, name, _spec, _conv in _FORMATTER.parse(template):
+        if value is not None and literal.startswith(".") and value.endswith(tuple(TERMINAL)):
+            literal = literal[1:]
+        out.append(literal)
+        value = None
+        if name is not None:
+            value = str(record[name])
+            out.append(value)
+    return "".join(out)

@@ -51,7 +51,7 @@ from simpipe.cluster.config import KIND_ERROR, ClusterConfig, LocalClusterConfig
 from simpipe.errors import SimpipeError
 from simpipe.games.config import AnyGameConfig, BeautyContestConfig, GameConfig
 from simpipe.games.registry import game_for
-from simpipe.inference.settings import SamplingSettings
+from simpipe.inference.settings import CostSettings, SamplingSettings
 from simpipe.personas.config import PopulationConfig
 from simpipe.personas.meta_prompt import prompt_hash
 
@@ -126,6 +126,12 @@ class ExperimentSection(_Section):
         "under the grid key (`\"game\" = [{ ratio = \"1/2\", offset = 5 }, ...]`: keys "
         f"that vary together). At most {MAX_CELLS} cells; each cell's config is validated "
         "before any cell runs"))
+    independent_draws: bool = Field(False, description=(
+        "`false`: every cell has the base `run.seed`, so an agent's random draws are the "
+        "same in every cell and the report compares cells as paired samples (by `agent_id`: "
+        "Wilcoxon signed-rank, paired t); `true`: each cell's `run.seed` is derived from the "
+        "base seed and its grid values, so cells are independent samples (Mann-Whitney, "
+        "Welch)"))
 
     @field_validator("name")
     @classmethod
@@ -200,10 +206,14 @@ class _Agents(SamplingSettings):
         "the most probability mass a shared distribution may leave unseen (tokens beyond the "
         "top n the engine returns); a prompt above it gets one call per agent instead"))
     share_min_agents: StrictInt = Field(2, ge=1, description=(
-        "for back-ends that give answer distributions but cannot walk them lazily: a prompt "
-        "is shared when at least this many agents of the round have it, the others get one "
-        "call each. The embedded `llamacpp` back-end ignores it and decides per prompt by "
-        "measured cost ([shared answers](shared-answers.md))"))
+        "for back-ends that give answer distributions but cannot walk them lazily, in rounds "
+        "that are not planned (a mixed population's groups): a prompt is shared when at "
+        "least this many agents of the partition have it, the others get one call each. "
+        "Planned rounds choose per prompt by cost (`[agents.cost]`), and the embedded "
+        "`llamacpp` back-end by its measured costs ([shared answers](shared-answers.md))"))
+    cost: CostSettings = Field(CostSettings(), description=(
+        "what requests cost the servers: how the round plan chooses, per distinct prompt, "
+        "between an answer tree, `n` samples per request and one request per agent"))
     reproducible: StrictBool = Field(False, description=(
         "one call per agent, made one at a time from a clean slot (embedded llama.cpp): the "
         "same seed gives the same answers with any `n_parallel`, at the cost of batching. "
@@ -360,6 +370,10 @@ class Config(_Section):
         from simpipe.population_mix import hash_view  # see _Agents._mix_shape
 
         hash_view(data["agents"], endpoint_backends())
+        if data["agents"].get("cost") == CostSettings().model_dump(mode="json"):
+            # Costs choose how prompts are answered (so they count where set), but a config
+            # that sets none hashes as it did before they existed.
+            del data["agents"]["cost"]
         return _digest(data)
 
     def resume_hint(self, stored_hash: str) -> str:

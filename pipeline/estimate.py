@@ -2,7 +2,8 @@
 
 Each emulated GPU reports (``GET /emulator/stats``) cumulative modelled counters sampled over
 time: ``busy_s`` (time with at least one running sequence) and ``work_s`` (what its finished
-requests cost on a full batch). For each round, between its start and end on the client's
+requests cost on a full batch: ``simpipe.inference.cost_model.CostModel.request_cost_s``, the
+price list the round plan chooses by). For each round, between its start and end on the client's
 clock (``started_at``, ``elapsed_s`` in ``run.json``), this module takes per GPU:
 
 - ``busy``: the GPU time that round kept it busy, with the batches the pipeline gave it;
@@ -167,7 +168,7 @@ def estimate(ledger: RunRecord, stats: Sequence[GpuStats], gpus_per_server: int 
     for key, rec in finished.items():
         started, wall = rec.started_at, rec.elapsed_s
         if started is None or wall is None or any(started < s.started_unix for s in stats):
-            unseen.append(key)  # an earlier invocation's round (--resume)
+            unseen.append(key + 1)  # an earlier invocation's round (--resume), from 1
             continue
         window = fleet_window(stats, started, started + wall)
         busiest = max(window["busy_s"], default=0.0)

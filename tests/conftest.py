@@ -10,6 +10,15 @@ import pytest
 from distributed import Client, LocalCluster
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (``-n 2`` in pyproject.toml), every test that uses the one-node
+    SLURM cluster runs on the same xdist worker, one after another: the node has two CPUs,
+    and a test counting its own worker jobs must not see another test's."""
+    for item in items:
+        if item.get_closest_marker("slurm") is not None:
+            item.add_marker(pytest.mark.xdist_group("slurm"))
+
+
 @pytest.fixture(scope="session")
 def dask_client() -> Iterator[Client]:
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -171,3 +173,98 @@ class HostileServer:
         writer.write(data)
         self.bytes_sent += len(data)
         await writer.drain()
+
+
+# --- A fake llama.cpp server for the answer-distribution routes -----------------------------
+# The routes and fields as ``simpipe.inference.llamacpp_logprobs`` documents llama.cpp's own
+# server: ``POST /tokenize`` (``with_pieces``) answers ``{"tokens": [{"id", "piece"}]}``,
+# ``POST /completion`` with ``n_probs`` answers ``completion_probabilities[0].top_logprobs``
+# (``{"id", "token", "bytes", "logprob"}``, most likely first) with ``timings.prompt_n`` and
+# ``tokens_predicted``; ``POST /v1/completions`` is a sampled call.
+
+#: The fake vocabulary: one token per character, the answer alphabet at ids 10-21, the
+#: end-of-generation marker ``<eos>`` a special token (one token only with parse_special).
+FAKE_EOS_ID = 1
+FAKE_IDS = {c: 10 + i for i, c in enumerate("0123456789 -")}
+
+
+def llamacpp_tokens(body: dict) -> dict:
+    """llama.cpp's ``/tokenize`` answer for a request body, in the fake vocabulary."""
+    text = body["content"]
+    if body.get("parse_special") and text == "<eos>":
+        return {"tokens": [{"id": FAKE_EOS_ID, "piece": "<eos>"}]}
+    return {"tokens": [{"id": FAKE_IDS.get(c, 1000 + ord(c)), "piece": c} for c in text]}
+
+
+def good_top_logprobs() -> list[tuple[Any, Any]]:
+    """``(id, logprob)`` of every answer token and ``<eos>``, most likely first, summing to
+    probability 1: nothing the grammar accepts is unseen."""
+    probs = {FAKE_IDS[" "]: 0.3, FAKE_EOS_ID: 0.2, FAKE_IDS["-"]: 0.1,
+             **{FAKE_IDS[d]: 0.04 for d in "0123456789"}}
+    return [(t, math.log(p)) for t, p in sorted(probs.items(), key=lambda kv: -kv[1])]
+
+
+def llamacpp_completion(top: list[tuple[Any, Any]], prompt_n: Any = 7,
+                        tokens_predicted: Any = 1) -> dict:
+    """llama.cpp's ``/completion`` answer with ``n_probs`` (any field may be hostile)."""
+    entries = [{"id": t, "token": "x", "bytes": [120], "logprob": lp} for t, lp in top]
+    return {"content": "x", "completion_probabilities": [
+        {"id": entries[0]["id"] if entries else 0, "token": "x", "bytes": [120],
+         "logprob": entries[0]["logprob"] if entries else 0.0, "top_logprobs": entries}],
+        "timings": {"prompt_n": prompt_n}, "tokens_predicted": tokens_predicted}
+
+
+def fake_llamacpp(completion: Callable[[Request], Reply] | None = None,
+                  tokenize: Callable[[Request], Reply] | None = None) -> Answer:
+    """A ``HostileServer`` answer playing llama.cpp's server: ``/tokenize`` and
+    ``/completion`` from ``tokenize`` and ``completion`` where given (a function of the
+    request, returning its raw answer), else good answers; every ``/v1/completions`` (an
+    agent's own call) answers ``"42"``."""
+
+    def answer(req: Request) -> Reply:
+        if req.path == "/tokenize":
+            if tokenize is not None:
+                return tokenize(req)
+            return ok_json(llamacpp_tokens(req.json()))
+        if req.path == "/completion":
+            if completion is not None:
+                return completion(req)
+            return ok_json(llamacpp_completion(good_top_logprobs()))
+        if req.path == "/v1/completions":
+            return openai_answer("42")
+        return http(404, b'{"error": {"code": 404, "message": "File Not Found"}}')
+
+    return answer
+
+
+class Silences:
+    """Answers that never come (the client under test times out): ``answer()`` holds its
+    connection without sending a byte until ``release()`` (or ``limit_s``), then closes it.
+    Call ``release()`` before the server stops, so that no answer outlives its loop."""
+
+    def __init__(self, limit_s: float = 60.0) -> None:
+        self.limit_s = limit_s
+        self.held = 0
+        self._released = threading.Event()
+
+    def answer(self) -> AsyncIterator[bytes]:
+        return self._silence()
+
+    async def _silence(self) -> AsyncIterator[bytes]:
+        self.held += 1
+        try:
+            deadline = asyncio.get_running_loop().time() + self.limit_s
+            while not self._released.is_set() and asyncio.get_running_loop().time() < deadline:
+                await asyncio.sleep(0.02)
+        finally:
+            self.held -= 1
+        return
+        yield b""  # an async generator
+
+    def release(self, timeout_s: float = 10.0) -> None:
+        """End every held answer, and wait until they have ended."""
+        self._released.set()
+        deadline = time.monotonic() + timeout_s
+        while self.held and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.1)  # their connections' handlers see the close

@@ -54,11 +54,11 @@ def small_config(tmp_path: Path, **sections: dict) -> Config:
 
 def cancel_after_first_round(run_dir: Path) -> threading.Thread:
     """A thread that asks the run in ``run_dir`` to stop (its CANCEL file) as soon as its
-    run.json records round 1 as done."""
+    run.json records round 1 as done (its key "1": rounds numbered from 1)."""
     ledger, flag = run_dir / "run.json", run_dir / "CANCEL"
 
     def watch() -> None:
-        while not (ledger.exists() and '"0"' in ledger.read_text()):
+        while not (ledger.exists() and '"1": {' in ledger.read_text()):
             time.sleep(0.01)
         flag.touch()
 

@@ -58,7 +58,7 @@ def test_a_rebuilt_prompt_is_the_one_the_server_got(llm_run):
     for r in range(3):
         for agent in (0, 7, 19, 20, 41, 59):  # every partition, first and last agents
             shown = rebuild_prompt(llm_run.run_dir, agent, r)
-            stored = rows.loc[(r, agent)]
+            stored = rows.loc[(r + 1, agent)]  # rounds numbered from 1 in the files
             seed = int(agent_seeds(llm_run.run.seed, r, np.array([agent]))[0])
             assert answer_number(seed, shown.prompt, regex) == stored["raw"], (r, agent)
             assert shown.tokens_in == prompt_tokens(shown.prompt) == stored["tokens_in"]
@@ -96,7 +96,7 @@ def test_rule_based_agents_have_no_prompt(scripted_run):
 
 def test_a_later_round_needs_the_earlier_rounds(llm_run, tmp_path):
     ledger = json.loads((llm_run.run_dir / "run.json").read_text())
-    ledger["rounds"]["1"]["complete"] = False
+    ledger["rounds"]["2"]["complete"] = False  # run.json's keys number rounds from 1
     copy = tmp_path / "copy"
     copy.mkdir()
     (copy / "run.json").write_text(json.dumps(ledger))

@@ -124,6 +124,13 @@ def test_bench_share_emulate_reports_gpu_seconds_with_and_without_sharing():
         assert row["agents"] == "200" and row["valid"] == "100.0%"
         assert int(row["distinct_prompts"]) >= 1 and int(row["model_calls"].replace(",", "")) >= 1
         assert float(row["gpu_s"]) > 0  # the emulators' modelled work in the round
+        # how the plan answered the round's distinct prompts (sharing off: per agent)
+        methods = [int(row[f"{m}_prompts"].replace(",", ""))
+                   for m in ("tree", "samples", "per_agent")]
+        assert sum(methods) == int(row["distinct_prompts"].replace(",", ""))
+    assert int(rows[0]["tree_prompts"]) >= 1  # round 1: 10 personas of ~20 agents each
+    assert float(rows[0]["predicted_gpu_s"]) > 0 and rows[2]["predicted_gpu_s"] == ""
+    assert float(rows[0]["gpu_s_ratio"]) < 1  # round 1: trees against one request each
     # The ratio row divides the two runs' GPU-seconds, whatever the back-end shares.
     total = rows[4]
     on = sum(float(r["gpu_s"]) for r in rows[:2])

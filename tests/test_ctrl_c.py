@@ -65,7 +65,7 @@ def test_ctrl_c_is_one_line_exit_130_and_the_run_resumes(tmp_path, kind):
     # group, the client and its worker processes alike, as a terminal's Ctrl-C does.
     proc = simpipe("run", "c.toml", cwd=tmp_path, process_group=0)
     try:
-        wait_for(lambda: any((run_dir / "rounds" / "round=0").glob("part-*.parquet")), 120,
+        wait_for(lambda: any((run_dir / "rounds" / "round=1").glob("part-*.parquet")), 120,
                  "the first partition of round 1")
         os.killpg(proc.pid, signal.SIGINT)
         _, err = proc.communicate(timeout=120)

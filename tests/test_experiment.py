@@ -84,12 +84,15 @@ def test_a_2x2_grid_runs_on_one_scheduler_resumes_a_cancelled_cell_and_skips_fin
     assert len(rounds) == 4 * 3 and set(rounds["condition"]) == set(names)
     assert (rounds["mean_ci_low"] <= rounds["mean"]).all()
     assert (rounds["mean"] <= rounds["mean_ci_high"]).all()
-    nagel = load_references().period_means("2/3")
+    refs = load_references()  # period 1: Nagel's first-round figure, as the run report's
+    nagel = (refs.human_for("2/3", 0).mean, *refs.period_means("2/3")[1:])
     two_thirds = rounds[rounds["condition"] == names[1]]
     assert two_thirds["human_mean"].tolist() == pytest.approx(list(nagel[:3]))
     pairs = report.section("pairwise").frame
     assert len(pairs) == 4 and set(pairs["factor"]) == {"game.prompt", "game.ratio"}
-    assert (pairs["mw_p_holm"] >= pairs["mw_p"]).all()
+    tested = pairs["rank_p"].notna()  # scripted agents ignore the prompt: nothing to test
+    assert (pairs.loc[tested, "rank_p_holm"] >= pairs.loc[tested, "rank_p"]).all()
+    assert set(pairs["design"]) == {"paired"}  # one seed: the cells share their draws
     assert (report.out / "report.md").read_text().count("## ") == len(report.sections)
     assert any(f.section == "conditions_rounds" for f in report.figures)
 
@@ -151,3 +154,112 @@ def test_the_shipped_grid_is_the_issue_s_two_by_two_by_two_on_the_embedded_model
     assert {c.config.game.prompt for c in experiment.cells} == {"basic", "cot"}
     assert {c.config.game.ratio for c in experiment.cells} == {"2/3", "1/2"}
     assert {c.config.population.persona.mode for c in experiment.cells} == {"none", "template"}
+
+
+# --- issue 27: cells never share a folder -------------------------------------------------
+
+CLASHING = ["You are {gender}", "You_are {gender}", "You_are_gender-9237c23e"]
+
+
+def _persona_toml(tmp_path: Path, values: list[str], name: str = "clash") -> Path:
+    """A tiny scripted experiment over persona templates, as a config file."""
+    path = tmp_path / f"{name}.toml"
+    path.write_text(
+        f'[run]\nname = "{name}"\nseed = 1\noutput_dir = {json.dumps(str(tmp_path / "results"))}\n'
+        '[population]\nsize = 20\npartitions = 1\n'
+        '[population.attributes.gender]\nvalues = { "female" = 1, "male" = 1 }\n'
+        '[population.persona]\nmode = "template"\ntemplate = "You are {gender}"\n'
+        '[game]\nrounds = 1\n[agents]\nbackend = "scripted"\n'
+        '[cluster]\nkind = "local"\nworkers = 1\ndashboard_address = ""\n'
+        f'[experiment]\ngrid = {{ "population.persona.template" = {json.dumps(values)} }}\n')
+    return path
+
+
+def _template_of(run_dir: Path) -> str:
+    return read_ledger(run_dir).section("population")["persona"]["template"]
+
+
+def test_values_that_clean_to_one_text_get_distinct_folders_and_force_keeps_each_cell(
+        tmp_path: Path) -> None:
+    path = _persona_toml(tmp_path, CLASHING)
+    names = [name for name, _ in cell_names({"population.persona.template": CLASHING})]
+    assert len({n.lower() for n in names}) == 3
+    assert names[2] == "template-You_are_gender-9237c23e"  # a value that is its own name keeps it
+    assert all(re.fullmatch(r"template-You_are_gender__h[0-9a-f]{10}", n) for n in names[:2])
+
+    proc = simpipe_cli("validate", str(path))
+    assert proc.returncode == 0, proc.stderr
+    listed = re.findall(r"^  (\S+)  \(", proc.stdout, re.MULTILINE)
+    assert listed == names
+
+    experiment = load_experiment(path)
+    result = run_experiment(experiment, console=QUIET)
+    assert result.state == "finished" and [c.state for c in result.cells] == ["finished"] * 3
+    dirs = [experiment.folder / n for n in names]
+    assert [_template_of(d) for d in dirs] == CLASHING
+
+    proc = simpipe_cli("experiment", str(path), "--force")
+    assert proc.returncode == 0, proc.stderr
+    assert "3/3 cells done" in proc.stdout + proc.stderr
+    assert [_template_of(d) for d in dirs] == CLASHING  # each cell's own run, none replaced
+    record = read_experiment(experiment.folder)
+    assert [(c.name, c.state) for c in record.cells] == [(n, "finished") for n in names]
+    cells = [p.name for p in experiment.folder.iterdir() if p.is_dir() and p.name[0] != "."]
+    assert sorted(cells) == sorted(names)
+
+
+def test_two_cells_on_one_folder_or_a_folder_of_another_cell_are_refused_even_with_force(
+        tmp_path: Path) -> None:
+    import dataclasses
+
+    from simpipe.store.ledger import RunDirError
+
+    # A cell of a grid of one value: the text of "You are {gender}" names it.
+    first = load_experiment(_persona_toml(tmp_path, ["You are {gender}"]))
+    assert [c.name for c in first.cells] == ["template-You_are_gender"]
+    run_experiment(first, console=QUIET)
+    kept = (first.cells[0].run_dir / "run.json").read_bytes()
+
+    # Adding "You_are_gender" (its own name) gives that folder to it: the earlier cell's
+    # run there is not replaced, --force or not.
+    second = load_experiment(_persona_toml(tmp_path, ["You are {gender}", "You_are_gender"]))
+    assert second.cells[1].name == "template-You_are_gender"
+    assert second.cells[0].name.startswith("template-You_are_gender__h")
+    for force in (False, True):
+        with pytest.raises(RunDirError, match="holds the run of the cell .*You are"):
+            run_experiment(second, force=force, console=QUIET)
+    assert (first.cells[0].run_dir / "run.json").read_bytes() == kept
+
+    # Cells made by hand that share a folder: refused before anything starts.
+    a, b = second.cells
+    twin = dataclasses.replace(b, config=b.config.with_sections(
+        run=b.config.run.model_copy(update={"name": a.name.upper()})), name=a.name.upper())
+    clash = dataclasses.replace(second, cells=(a, twin))
+    with pytest.raises(RunDirError, match="would share the folder"):
+        run_experiment(clash, force=True, console=QUIET)
+    assert (first.cells[0].run_dir / "run.json").read_bytes() == kept
+
+
+def test_an_experiment_named_another_way_before_resumes_in_its_folders(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import simpipe.run.experiment as module
+
+    path = _persona_toml(tmp_path, CLASHING[:2])
+    new_names = [n for n, _ in cell_names({"population.persona.template": CLASHING[:2]})]
+    old = ["template-You_are_gender-9237c23e", "template-You_are_gender-739ae54f"]
+    real = module.cell_names
+    monkeypatch.setattr(module, "cell_names",
+                        lambda grid: [(n, v) for n, (_, v) in zip(old, real(grid), strict=True)])
+    run_experiment(load_experiment(path), console=QUIET)  # as the names were made before
+    monkeypatch.setattr(module, "cell_names", real)
+
+    experiment = load_experiment(path)
+    assert [c.name for c in experiment.cells] == old != new_names
+    again = run_experiment(experiment, console=QUIET)
+    assert all(c.skipped for c in again.cells)
+    # A grid value that is its own name now takes a folder recorded for another cell: the
+    # other keeps nothing it does not own, and the names stay distinct.
+    both = load_experiment(_persona_toml(tmp_path, CLASHING))
+    assert len({c.name.lower() for c in both.cells}) == 3
+    assert both.cells[2].name == old[0] and both.cells[0].name == new_names[0]
+    assert both.cells[1].name == old[1]

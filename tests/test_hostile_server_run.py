@@ -60,7 +60,7 @@ def test_a_run_against_a_hostile_server_finishes_with_one_row_per_agent(dask_cli
     assert len(rows) == n * rounds
     seen = set()
     for r in range(rounds):
-        frame = rows[rows["round"] == r].sort_values("agent_id")
+        frame = rows[rows["round"] == r + 1].sort_values("agent_id")  # numbered from 1
         assert frame["agent_id"].tolist() == list(range(n))
         kinds = agent_seeds(config.run.seed, r, frame["agent_id"].to_numpy()) % 10
         for kind, row in zip(kinds.tolist(), frame.itertuples(), strict=True):

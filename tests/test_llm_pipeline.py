@@ -55,7 +55,7 @@ def test_embedded_model_plays_two_rounds_with_memory(llm_client, tmp_path):
     assert rows["raw"].notna().all() and (rows["tokens_out"] > 0).all()
     # Round 2 prompts carry each agent's own answer and the announced winning number.
     by_round = rows.groupby("round")["tokens_in"].mean()
-    assert by_round[1] > by_round[0] + 10
+    assert by_round[2] > by_round[1] + 10  # rounds numbered from 1
     summary = read_summary(config.run_dir)
     assert summary["n_valid"].sum() == ok.sum()
     ledger = read_ledger(config.run_dir)
@@ -74,7 +74,7 @@ def test_agents_with_the_same_prompt_share_one_answer_distribution(llm_client, t
     assert rows.groupby("round").size().tolist() == [48, 48]
     # Round 1: 8 agents per prompt in each partition, all shared. Round 2: a prompt also
     # names the agent's own answer; one held by a single agent of a partition is a call.
-    assert rows.loc[rows["round"] == 0, "shared"].all()
+    assert rows.loc[rows["round"] == 1, "shared"].all()
     assert (rows["status"] == "ok").all()
     assert rows["raw"].str.fullmatch(r" ?\d+").all()
     ledger = read_ledger(config.run_dir)
@@ -92,7 +92,7 @@ def test_agents_with_the_same_prompt_share_one_answer_distribution(llm_client, t
     assert rows["tokens_in"].sum() == counters["tokens_in"]
     assert first.model_calls + second.model_calls == counters["requests"]
     # Agents with the same prompt do not all give the same answer: they draw.
-    round1 = rows[rows["round"] == 0]
+    round1 = rows[rows["round"] == 1]
     assert round1.groupby(read_population(config.run_dir)["education"].to_numpy())[
         "guess"].nunique().min() > 1
 

@@ -108,8 +108,8 @@ def test_scripted_and_llm_agents_play_one_game_split_by_value(dask_client, tmp_p
         values = split["values"]
         assert list(values) == ["rules", "llm"]
         assert {v: values[v]["n"] for v in values} == {"rules": 200, "llm": 400}
-        this = rounds[rounds["round"] == r]
-        means = this.groupby(model[rounds["round"].to_numpy() == r])["guess"].mean()
+        this = rounds[rounds["round"] == r + 1]  # numbered from 1
+        means = this.groupby(model[rounds["round"].to_numpy() == r + 1])["guess"].mean()
         for value in values:
             assert values[value]["mean"] == pytest.approx(means[value], abs=1e-3)
             assert values[value]["backend"] == {"rules": "scripted", "llm": "tgi"}[value]
@@ -126,7 +126,7 @@ def test_scripted_and_llm_agents_play_one_game_split_by_value(dask_client, tmp_p
     by_model = pd.read_csv(tmp_path / "report" / "tables" / "by_model.csv")
     assert set(by_model["reaches_agents"]) == {"back-end"}
     assert sorted(set(by_model["level"])) == ["llm", "rules"]
-    first = by_model[by_model["round"] == 0].set_index("level")["mean"]
+    first = by_model[by_model["round"] == 1].set_index("level")["mean"]
     assert first["rules"] == pytest.approx(ledger.round(0).value("by")["values"]["rules"]["mean"],
                                            abs=1e-3)
     runs = pd.read_csv(tmp_path / "report" / "tables" / "runs.csv")

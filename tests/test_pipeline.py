@@ -38,7 +38,7 @@ def test_run_writes_the_documented_layout(dask_client, tmp_path):
     assert {"education", "age"} <= set(population.columns)
 
     rounds = pd.read_parquet(paths.rounds)  # the public way: every round, with a round column
-    assert set(rounds["round"].astype(int)) == {0, 1, 2}
+    assert set(rounds["round"].astype(int)) == {1, 2, 3}  # numbered from 1 (round=1, ...)
     assert set(ROW_COLUMNS) <= set(rounds.columns)
     for _, frame in rounds.groupby("round", observed=True):
         assert len(frame) == 600 and frame["agent_id"].is_unique
@@ -70,9 +70,9 @@ def test_groups_get_their_own_targets_and_feedback(dask_client, tmp_path):
     summary = read_summary(config.run_dir)
     rounds = read_rounds(config.run_dir)
     assert summary.groupby("round")["n"].sum().tolist() == [600, 600, 600]
-    assert len(summary[summary["round"] == 0]) == 600 // 7
-    per_group = rounds[rounds["round"] == 0].groupby("group_id")["guess"].mean()
-    first = summary[summary["round"] == 0].set_index("group_id")
+    assert len(summary[summary["round"] == 1]) == 600 // 7
+    per_group = rounds[rounds["round"] == 1].groupby("group_id")["guess"].mean()
+    first = summary[summary["round"] == 1].set_index("group_id")
     np.testing.assert_allclose(first["target"], target_of(per_group, config.game))
 
 
@@ -122,7 +122,7 @@ def test_cancelled_run_resumes_to_the_same_summary(dask_client, tmp_path):
     paths = RunPaths(config.run_dir)
 
     def cancel_after_first_round() -> None:
-        while not (paths.ledger.exists() and '"0"' in paths.ledger.read_text()):
+        while not (paths.ledger.exists() and '"1": {' in paths.ledger.read_text()):
             time.sleep(0.01)
         paths.cancel_flag.touch()
 

@@ -14,6 +14,7 @@ from simpipe.agents.progress import AgentCounts, ProgressWatch, report_agents, r
 from simpipe.run.console import Console
 from simpipe.run.round_progress import RoundSnapshot, format_eta, snapshot_line
 from simpipe.run.simulation import RoundObserver, run_simulation
+from simpipe.servers.stub import StubProcess
 from simpipe.store.layout import RunPaths
 from simpipe.store.results import read_ledger
 
@@ -128,16 +129,54 @@ def test_the_progress_line_states_agents_prompts_calls_and_eta():
     assert format_eta(None) == "ETA -" and format_eta(7300) == "ETA 2h01m"
 
 
+def test_one_call_per_agent_moves_the_round_before_the_partition_returns(client, tmp_path):
+    # A chain of thought takes seconds per agent: the progress counted agents only when the
+    # partition's whole batch returned ("0 prompts, 0 calls, ETA -" for minutes). One
+    # partition, one request at a time to a stub server that takes 0.25 s per answer.
+    with StubProcess(delay_s=0.25) as stub:
+        config = small_config(
+            tmp_path, population={"size": 12, "partitions": 1}, game={"rounds": 1,
+                                                                      "prompt": "cot"},
+            agents={"backend": "tgi", "tgi": {"endpoints": [stub.url], "max_concurrency": 1}})
+        observer = _Snapshots()
+        run_simulation(config, client=client, console=QUIET, observer=observer)
+    partial = [s for s in observer.seen
+               if s.partitions_done == 0 and 0 < s.agents_done < s.agents_total]
+    assert partial, "no agent counted before the partition returned"
+    assert all(s.model_calls == s.agents_done and s.eta_s is not None for s in partial)
+    assert partial[-1].distinct_prompts > 0  # known before the first answer
+    last = observer.seen[-1]
+    assert last.agents_done == last.model_calls == 12  # each agent counted once
+
+
+@pytest.mark.llm
+@pytest.mark.slow
+def test_embedded_chains_of_thought_are_counted_as_each_answer_ends(client, tmp_path):
+    # The quickstart's case: the embedded model writes a chain of thought for each agent in
+    # turn (answers are reproducible: one request at a time); the round moves per answer.
+    config = small_config(
+        tmp_path, population={"size": 8, "partitions": 1}, game={"rounds": 1, "prompt": "cot"},
+        agents={"backend": "llamacpp", "cot_max_tokens": 48, "reproducible": True})
+    observer = _Snapshots()
+    run_simulation(config, client=client, console=QUIET, observer=observer)
+    partial = [s for s in observer.seen
+               if s.partitions_done == 0 and 0 < s.agents_done < s.agents_total]
+    assert partial, "no agent counted before the partition returned"
+    assert observer.seen[-1].agents_done == 8
+
+
 @pytest.mark.llm
 @pytest.mark.slow
 def test_an_llm_partition_reports_agents_before_it_finishes(client, tmp_path):
-    # One partition; three education levels: three prompts of about five agents each, too
-    # few for a full tree, so each is walked lazily in the partition's chain, one after
-    # another, and reported as its agents' walks end.
+    # One partition; education and age: about fifteen prompts of one agent each, too few
+    # for a full tree, so each is walked lazily, in batches of eight prompts evaluated
+    # together, and reported as its agents' walks end: the first batch's agents before the
+    # last batch ends.
     config = small_config(
         tmp_path, population={"size": 15, "partitions": 1,
                               "persona": {"mode": "template",
-                                          "template": "Your education: {education}."}},
+                                          "template": "Your education: {education}, "
+                                                      "age {age}."}},
         game={"rounds": 1},
         agents={"backend": "llamacpp", "max_tokens": 4, "llamacpp": {"n_parallel": 4}})
     observer = _Snapshots()

@@ -51,7 +51,7 @@ def test_a_scripted_run_plays_groups_of_four_with_their_own_feedback(dask_client
     ledger = read_ledger(config.run_dir)
     first = ledger.round(0)
     assert first.numbers["contribution_pct"] == pytest.approx(pct.iloc[0])
-    assert first.mean == pytest.approx(rounds.loc[rounds["round"] == 0, "guess"].mean())
+    assert first.mean == pytest.approx(rounds.loc[rounds["round"] == 1, "guess"].mean())
     log = RunPaths(config.run_dir).log.read_text()
     assert "round 1/4: contribution" in log and "humans in period 1: 39.5%" in log
 
@@ -62,8 +62,8 @@ def test_cooperators_answer_their_own_groups_feedback(dask_client, tmp_path):
     config = pg_config(tmp_path, game={"rounds": 2})
     run_simulation(config, client=dask_client, console=QUIET)
     rounds = read_rounds(config.run_dir).sort_values(["round", "agent_id"])
-    first = rounds[rounds["round"] == 0].set_index("agent_id")
-    second = rounds[rounds["round"] == 1].set_index("agent_id")
+    first = rounds[rounds["round"] == 1].set_index("agent_id")
+    second = rounds[rounds["round"] == 2].set_index("agent_id")
     others = (first.groupby("group_id")["guess"].transform("sum") - first["guess"]) / 3
     cooperators = second["guess"] > 0
     assert np.corrcoef(others[cooperators], second.loc[cooperators, "guess"])[0, 1] > 0.5

@@ -52,7 +52,7 @@ def test_the_methods_answer_what_callers_computed(finished):
     assert record.backend == "scripted" and record.game().kind == "beauty_contest"
     summary = simpipe.read_summary(finished)
     for r, rec in record.finished_rounds().items():
-        rows = summary[summary["round"] == r]
+        rows = summary[summary["round"] == r + 1]  # indices from 0, rounds numbered from 1
         assert rec.n == rows["n"].sum() == 300 and rec.n_invalid == 300 - rec.n_valid
         assert rec.mean == pytest.approx(rows["mean"].iloc[0])
     totals = record.totals()
@@ -67,7 +67,7 @@ def test_resume_point_is_the_first_round_and_its_missing_partitions(finished, tm
     shutil.copytree(finished, run)
     paths = RunPaths(run)
     data = json.loads(paths.ledger.read_text())
-    del data["rounds"]["1"], data["rounds"]["2"]  # killed inside round 2 ...
+    del data["rounds"]["2"], data["rounds"]["3"]  # killed inside round 2 ...
     data["state"] = "interrupted"
     paths.ledger.write_text(json.dumps(data))
     paths.round_part(1, 2).unlink()  # ... with partitions 0 and 1 of it written

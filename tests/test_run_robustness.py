@@ -74,7 +74,7 @@ def test_sigterm_marks_the_run_interrupted_exits_143_and_it_resumes(tmp_path, wh
                             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, process_group=0)
     try:
-        wait_for(lambda: any((run_dir / "rounds" / "round=0").glob("part-*.parquet")), 120,
+        wait_for(lambda: any((run_dir / "rounds" / "round=1").glob("part-*.parquet")), 120,
                  "the first partition of round 1")
         if whole_group:
             os.killpg(proc.pid, signal.SIGTERM)

@@ -68,7 +68,7 @@ def reduce_round(partial: Partial, game: BeautyContestConfig, round_index: int) 
     out = counts.join(stats, how="left")
     out["n_valid"] = out.pop("n_ok")
     out["n_winners"] = out["n_winners"].fillna(0).astype(np.int64)
-    out.insert(0, "round", np.int32(round_index))
+    out.insert(0, "round", np.int32(round_index + 1))  # numbered from 1
     out = out.reset_index()
     return out[list(SUMMARY_COLUMNS)].astype({"group_id": np.int64, "n": np.int64})
 

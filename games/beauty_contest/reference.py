@@ -1,6 +1,7 @@
-"""Published numbers for the p-beauty contest: human subjects (Nagel 1995) and the LLM agents
-of the paper this project reproduces (Pan et al. 2024); the data file is ``reference.json``
-beside this module."""
+"""Published numbers for the p-beauty contest: human subjects (Nagel 1995 in the lab; the
+newspaper experiments of Bosch-Domènech et al. 2002, one-shot play by thousands of readers)
+and the LLM agents of the paper this project reproduces (Pan et al. 2024); the data file is
+``reference.json`` beside this module."""
 
 from __future__ import annotations
 
@@ -41,6 +42,16 @@ class HighShare:
 
 
 @dataclass(frozen=True)
+class NewspaperRow:
+    """One newspaper's contest: its readers' number of entries, mean and winning number."""
+
+    source: str
+    n: int
+    mean: float
+    winning: float
+
+
+@dataclass(frozen=True)
 class LlmRow:
     model: str
     prompt: str
@@ -60,6 +71,16 @@ class References:
     metrics: dict[str, str]
     sessions: tuple[SessionMeans, ...] = ()
     high_shares: tuple[HighShare, ...] = ()
+    newspaper_citation: str = ""
+    newspaper_caveat: str = ""
+    newspaper_ratio: str = "2/3"
+    newspaper: tuple[NewspaperRow, ...] = ()
+
+    def newspaper_for(self, ratio: str, offset: float) -> tuple[NewspaperRow, ...]:
+        """The newspaper contests of this game (2/3, no offset), or none."""
+        if offset != 0 or parse_ratio(ratio) != parse_ratio(self.newspaper_ratio):
+            return ()
+        return self.newspaper
 
     def period_means(self, ratio: str) -> tuple[float, ...] | None:
         """Mean per period, the unweighted average of the sessions' means; None without
@@ -88,6 +109,7 @@ class References:
 def load_references() -> References:
     raw = package_json(DATA_FILE)
     periods = raw["human"]["by_period"]
+    paper = raw["newspaper"]
     return References(
         human_citation=raw["human"]["citation"],
         human=tuple(HumanRow(r["ratio"], int(r["n"]), float(r["mean"]), float(r["median"]))
@@ -103,4 +125,8 @@ def load_references() -> References:
         high_shares=tuple(HighShare(r["ratio"], float(r["value"]), tuple(map(int, r["periods"])),
                                     tuple(map(float, r["shares"])))
                           for r in periods["share_choosing_high"]),
+        newspaper_citation=paper["citation"], newspaper_caveat=paper["caveat"],
+        newspaper_ratio=paper["ratio"],
+        newspaper=tuple(NewspaperRow(r["source"], int(r["n"]), float(r["mean"]),
+                                     float(r["winning"])) for r in paper["rows"]),
     )

@@ -56,6 +56,6 @@ def reduce_round(partial: Partial, game: PublicGoodsConfig, round_index: int) ->
     out["contribution_pct"] = 100.0 * mean / game.endowment
     # The mean of endowment - c_i + mpcr * total over the group's members.
     out["mean_payoff"] = game.endowment - mean + game.mpcr * total
-    out.insert(0, "round", np.int32(round_index))
+    out.insert(0, "round", np.int32(round_index + 1))  # numbered from 1
     out = out.reset_index()
     return out[list(SUMMARY_COLUMNS)].astype({"group_id": np.int64, "n": np.int64})

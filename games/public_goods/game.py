@@ -214,7 +214,8 @@ class PublicGoods(Game):
             "runs": ["first_pct, last_pct: mean contribution in the first and the last round, "
                      "as % of the endowment; mean_payoff: over all rounds.", invalid],
             "rounds": ["Contributions of every agent, pooled over groups; mean_payoff as the "
-                       "game paid it. Rounds are numbered from 0, as in the Parquet files.",
+                       "game paid it. Rounds are numbered from 1, as in the prompts and the "
+                       "Parquet files.",
                        invalid],
         }
 
@@ -249,14 +250,14 @@ class PublicGoods(Game):
             return [table]
         for position in sorted({0, len(rounds) - 1}):
             row = rounds.iloc[position]
-            r = int(row["round"])
-            if r >= len(human.by_round):
+            r = int(row["round"])  # numbered from 1, as the experiment's periods
+            if r > len(human.by_round):
                 table.notes.append(f"{label}: the experiment has {len(human.by_round)} "
-                                   f"periods; round {r + 1} has no human counterpart")
+                                   f"periods; round {r} has no human counterpart")
                 continue
             table.records.append({
-                "run": label, "period": r + 1, "run_n": int(row["n"]),
+                "run": label, "period": r, "run_n": int(row["n"]),
                 "run_pct": row["contribution_pct"], "human_n": human.subjects,
-                "human_pct": human.by_round[r],
+                "human_pct": human.by_round[r - 1],
             })
         return [table]

@@ -70,6 +70,15 @@ def stored_raw(texts: list[str | None], max_chars: int) -> tuple[list[str | None
     return kept, truncated
 
 
+def _int32_counts(counts: np.ndarray) -> np.ndarray:
+    """Token counts as the int32 column. Each count a server reports is checked to be within
+    int32, but an agent's row can hold a sum (a shared distribution's probes split over few
+    agents, plus a call of its own): beyond 2**31-1 it is stored as 2**31-1, never wrapped
+    to a negative count (which failed run.json's check and with it the run)."""
+    top = np.iinfo(np.int32).max
+    return np.clip(counts, 0, top).astype(np.int32)
+
+
 def decisions_frame(
     guess: np.ndarray,
     status: np.ndarray | list[str],
@@ -94,9 +103,9 @@ def decisions_frame(
             "raw": np.asarray(raw, dtype=object) if raw is not None else none,
             "raw_truncated": np.zeros(n, bool) if raw_truncated is None else raw_truncated,
             "tokens_in": (np.zeros(n, np.int32) if tokens_in is None
-                          else tokens_in.astype(np.int32)),
+                          else _int32_counts(tokens_in)),
             "tokens_out": (np.zeros(n, np.int32) if tokens_out is None
-                           else tokens_out.astype(np.int32)),
+                           else _int32_counts(tokens_out)),
             "latency_s": np.zeros(n) if latency_s is None else np.asarray(latency_s, np.float64),
             "error": np.asarray(error, dtype=object) if error is not None else none,
             "shared": np.zeros(n, bool) if shared is None else np.asarray(shared, bool),

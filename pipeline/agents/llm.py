@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+import threading
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -22,7 +23,7 @@ from simpipe.agents.base import (
     decisions_frame,
     stored_raw,
 )
-from simpipe.agents.progress import report_agents
+from simpipe.agents.progress import TaskReporter, current_reporter, report_agents
 from simpipe.agents.seeds import GOLDEN, splitmix64
 from simpipe.agents.shared_answers import (
     Lookup,
@@ -39,9 +40,15 @@ from simpipe.games.base import Game
 from simpipe.games.config import AnyGameConfig
 from simpipe.games.prompts import PromptBuilder
 from simpipe.games.registry import game_for
-from simpipe.inference.answer_distribution import LazyTree, ProbeError, TooMuchUnseen
+from simpipe.inference.answer_distribution import LazyTree, Probe, ProbeError, TooMuchUnseen
 from simpipe.inference.answer_tree import TreeShape
-from simpipe.inference.base import AnswerColumns, Backend, GenerationRequest, OutputConstraint
+from simpipe.inference.base import (
+    AnswerColumns,
+    Backend,
+    GenerationRequest,
+    OutputConstraint,
+    listening,
+)
 from simpipe.inference.llamacpp_sampler import ChainSettings
 from simpipe.inference.settings import SamplingSettings
 
@@ -183,15 +190,21 @@ class LLMAgents(AgentPolicy):
             # One request per distinct prompt; each agent's differs only by its seed.
             distinct = requests_for(prompts, np.zeros(len(prompts), np.int64), game,
                                     self.sampling)
+            # Agents are reported as their answers arrive (a chain of thought takes seconds
+            # each): the round's progress moves before the partition ends.
+            report_agents(0, distinct=np.unique(codes[todo]).size)
+            told = _AnswerTally(current_reporter())
             # Beside shared answers (reproducible by construction) the remaining calls are
             # made reproducible too, so that a whole run is.
-            answers = run_async(self.backend.generate_many(
+            answers = run_async(listening(self.backend.generate_many(
                 distinct, codes[todo], seeds[todo],
-                reproducible=sharing or self.sampling.reproducible))
+                reproducible=sharing or self.sampling.reproducible), told))
             out.fill(todo, answers)
             stats.model_calls += int(todo.size)
             stats.prompt_tokens += sum(answers.tokens_in)
-            report_agents(todo.size, distinct=np.unique(codes[todo]).size, calls=todo.size)
+            rest = int(todo.size) - told.done  # those a back-end did not tell of one by one
+            if rest > 0:
+                report_agents(rest, calls=rest)
         limit = self.sampling.cot_max_tokens if game.free_text_answer else self.sampling.max_tokens
         guesses, statuses = game_for(game).answer().parse_many(out.texts, out.cut(limit))
         statuses[out.failed] = "error"
@@ -212,7 +225,7 @@ class LLMAgents(AgentPolicy):
         settings = ChainSettings(s.temperature, s.top_p, s.top_k, s.min_p)
         answer = game_for(turn.game).answer()
         uniforms = step_uniforms(seeds, s.max_tokens)
-        chained = hasattr(self.backend, "logprob_chain")
+        chained = self.backend.chains_probes
         order = np.argsort(codes, kind="stable")
         bounds = np.concatenate([[0], np.cumsum(np.bincount(codes, minlength=len(uniques)))])
         lazy: list[tuple[str, np.ndarray]] = []
@@ -225,8 +238,11 @@ class LLMAgents(AgentPolicy):
             elif chained and not worth_a_distribution(members.size, s.share_min_agents, True):
                 lazy.append((prompt, members))
                 continue
-            elif not worth_a_distribution(members.size, s.share_min_agents):
-                continue  # cheaper as calls of their own
+            elif (turn.plan_decides and not chained) or not worth_a_distribution(
+                    members.size, s.share_min_agents):
+                # cheaper as calls of their own (the round plan priced them so, or too few
+                # agents share it here)
+                continue
             else:
                 found = self.shared.lookup(prompt, settings, s.max_tokens, answer.bounds,
                                            s.share_max_unseen)
@@ -244,42 +260,61 @@ class LLMAgents(AgentPolicy):
             self._take(out, members, dist.walk(uniforms[members]), dist.unseen_mass, stats,
                        calls=found.calls)
         if lazy:
-            shape = TreeShape(IntegerAnswers(*answer.bounds),
-                              self.backend.answer_vocab(IntegerAnswers(*answer.bounds).alphabet),
-                              s.max_tokens)
-            self._walk_chain(out, lazy, uniforms, shape, settings, stats)
+            language = IntegerAnswers(*answer.bounds)
+            try:
+                vocab = self.backend.answer_vocab(language.alphabet)
+                self._walk_chain(out, lazy, uniforms, TreeShape(language, vocab, s.max_tokens),
+                                 settings, stats)
+            except ProbeError as exc:
+                # No vocabulary, or the chain did not open (a prompt's own probes fail inside
+                # ``_walk_chain``, for that prompt alone): none of these prompts was walked,
+                # so their agents get calls of their own.
+                stats.fallback_prompts += len(lazy)
+                stats.problem = stats.problem or str(exc)
 
     def _walk_chain(self, out: _Answers, lazy: list[tuple[str, np.ndarray]],
                     uniforms: np.ndarray, shape: TreeShape, settings: ChainSettings,
                     stats: DecisionStats) -> None:
         """The lazily walked prompts in sorted order, in one chain of probes on the lone
         slot: each prompt is evaluated on top of the common prefix its predecessor left, so
-        it costs its distinct suffix, and the chain depends only on this partition."""
+        it costs its distinct suffix, and the chain depends only on this partition. Where
+        the back-end evaluates prompts in batches (``batched_evaluation``), the same sorted
+        list in its batches, which depend only on this partition too."""
         lazy.sort(key=lambda item: item[0])
-        with self.backend.logprob_chain(  # type: ignore[attr-defined]
+
+        def walk(i: int, probe: Probe) -> tuple[LazyTree, list[str | None] | None, str | None]:
+            tree = LazyTree(probe, shape, settings, self.sampling.share_max_unseen,
+                            self.backend.answer_sampler)
+            try:
+                return tree, list(tree.walk(uniforms[lazy[i][1]])), None
+            except (TooMuchUnseen, ProbeError) as exc:
+                return tree, None, str(exc)
+
+        def tally(i: int, walked: tuple[LazyTree, list[str | None] | None, str | None]
+                  ) -> None:
+            members = lazy[i][1]
+            tree, texts, problem = walked
+            c = tree.cost
+            stats.model_calls += c.calls
+            stats.probes += c.calls
+            stats.prompt_tokens += c.tokens_in
+            out.tokens_in[members] += split_evenly(c.tokens_in, members.size)
+            out.tokens_out[members] += split_evenly(c.tokens_out, members.size)
+            if texts is None:
+                # One sampled call each for this prompt's agents instead.
+                stats.fallback_prompts += 1
+                stats.problem = stats.problem or problem
+                return
+            self._take(out, members, texts, tree.unseen_mass, stats, calls=c.calls)
+
+        if self.backend.batched_evaluation:
+            self.backend.probe_each([prompt for prompt, _ in lazy], walk, shape.vocab,
+                                    settings, on_result=tally)
+            return
+        with self.backend.logprob_chain(
                 shape.vocab, settings) as probe_for:
-            for prompt, members in lazy:
-                tree = LazyTree(probe_for(prompt), shape, settings,
-                                self.sampling.share_max_unseen, self.backend.answer_sampler)
-                texts: list[str | None] | None = None
-                try:
-                    texts = list(tree.walk(uniforms[members]))
-                except TooMuchUnseen as exc:
-                    problem: str | None = str(exc)
-                except ProbeError as exc:
-                    problem = str(exc)
-                c = tree.cost
-                stats.model_calls += c.calls
-                stats.probes += c.calls
-                stats.prompt_tokens += c.tokens_in
-                out.tokens_in[members] += split_evenly(c.tokens_in, members.size)
-                out.tokens_out[members] += split_evenly(c.tokens_out, members.size)
-                if texts is None:
-                    # One sampled call each for this prompt's agents instead.
-                    stats.fallback_prompts += 1
-                    stats.problem = stats.problem or problem
-                    continue
-                self._take(out, members, texts, tree.unseen_mass, stats, calls=c.calls)
+            for i, (prompt, _) in enumerate(lazy):
+                tally(i, walk(i, probe_for(prompt)))
 
     @staticmethod
     def _take(out: _Answers, members: np.ndarray, texts: list[str | None], unseen: float,
@@ -295,6 +330,23 @@ class LLMAgents(AgentPolicy):
 
     def counters(self) -> dict[str, dict]:
         return self.backend.counters()
+
+
+class _AnswerTally:
+    """A back-end's answers as they arrive (``simpipe.inference.base.listening``): each is
+    an agent answered and a model call made, reported to the partition's task (on any
+    thread: the reporter is thread-safe)."""
+
+    def __init__(self, reporter: TaskReporter | None) -> None:
+        self.reporter = reporter
+        self.done = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, n: int) -> None:
+        with self._lock:
+            self.done += n
+        if self.reporter is not None:
+            self.reporter.add(n, calls=n)
 
 
 class _Answers:

@@ -73,7 +73,7 @@ def backend_supports_distributions(agents: AgentsConfig) -> bool:
 def backend_walks_lazily(agents: AgentsConfig) -> bool:
     """Whether ``agents.backend`` walks answer trees lazily in a chain of probes (the
     embedded engine): the round plan then keeps full trees for prompts many agents share."""
-    return agents.plugin.is_llm and hasattr(backend_class(agents.backend), "logprob_chain")
+    return agents.plugin.is_llm and backend_class(agents.backend).chains_probes
 
 
 def prompt_style(agents: AgentsConfig) -> str:

@@ -203,9 +203,11 @@ class SharedAnswers:
                       agents: Sequence[int] | None = None) -> list[Lookup]:
         """Full distributions of ``prompts``, in this order, as one chain of probes where the
         back-end has one (``logprob_chain``): each prompt is evaluated on top of the prefix
-        its predecessor left, so it costs its distinct suffix. The numbers then depend on
-        the list (its order and contents), so they are never cached: the caller (the round
-        plan) makes the list the same on every run. ``agents``: how many agents of the
+        its predecessor left, so it costs its distinct suffix; where it evaluates prompts
+        in batches (``batched_evaluation``), the list's prompts and probes together in
+        batches fixed by the list. The numbers then depend on the list (its order and
+        contents), so they are never cached: the caller (the round plan) makes the list the
+        same on every run. ``agents``: how many agents of the
         round draw from each prompt; its tree leaves out what ``prune_below`` says."""
         prunes = ([prune_below(k) for k in agents] if agents is not None
                   else [PRUNE_BELOW] * len(prompts))
@@ -215,19 +217,42 @@ class SharedAnswers:
                max_tokens: int, bounds: tuple[float, float], max_unseen: float
                ) -> list[Lookup]:
         """The trees of ``prompts`` in one chain where the back-end has one (the embedded
-        engine: exact answer logits where the settings allow), else one session each."""
+        engine: exact answer logits where the settings allow), else one session each.
+
+        A ``ProbeError`` (a server that does not answer, or answers values the checks refuse:
+        ``answer_checks.probe_*``) costs the prompts it concerns their distributions (a
+        Lookup without one, with the reason): their agents are answered by calls of their
+        own. Asking the vocabulary or opening the chain concerns them all, opening one
+        prompt's session (vLLM tokenizes the prompt there) that prompt."""
         pairs = zip(prompts, prunes, strict=True)
-        if hasattr(self.backend, "logprob_chain"):
-            vocab = self.backend.answer_vocab(  # type: ignore[attr-defined]
-                IntegerAnswers(*bounds).alphabet)
-            with self.backend.logprob_chain(vocab, settings) as probe_for:
-                return [self._walk_tree(probe_for(p), settings, max_tokens, bounds,
-                                        max_unseen, prune) for p, prune in pairs]
+        if self.backend.batched_evaluation:  # the list's trees in fixed batches
+            try:
+                vocab = self.backend.answer_vocab(
+                    IntegerAnswers(*bounds).alphabet)
+                return self.backend.probe_each(
+                    prompts, lambda i, probe: self._walk_tree(
+                        probe, settings, max_tokens, bounds, max_unseen, prunes[i]),
+                    vocab, settings)
+            except ProbeError as exc:
+                return [Lookup(None, True, 0, 0, 0, str(exc)) for _ in prompts]
+        if self.backend.chains_probes:
+            try:
+                vocab = self.backend.answer_vocab(
+                    IntegerAnswers(*bounds).alphabet)
+                with self.backend.logprob_chain(vocab, settings) as probe_for:
+                    return [self._walk_tree(probe_for(p), settings, max_tokens, bounds,
+                                            max_unseen, prune) for p, prune in pairs]
+            except ProbeError as exc:
+                return [Lookup(None, True, 0, 0, 0, str(exc)) for _ in prompts]
         found = []
         for p, prune in pairs:
-            with self.backend.logprob_session(p) as probe:  # type: ignore[attr-defined]
-                found.append(self._walk_tree(probe, settings, max_tokens, bounds,
-                                             max_unseen, prune))
+            try:
+                with self.backend.logprob_session(p) as probe:
+                    got = self._walk_tree(probe, settings, max_tokens, bounds, max_unseen,
+                                          prune)
+            except ProbeError as exc:
+                got = Lookup(None, True, 0, 0, 0, str(exc))
+            found.append(got)
         return found
 
     def _walk_tree(self, probe: Probe, settings: ChainSettings, max_tokens: int,
@@ -235,8 +260,8 @@ class SharedAnswers:
                    prune: float = PRUNE_BELOW) -> Lookup:
         language = IntegerAnswers(*bounds)
         backend = self.backend
-        vocab = backend.answer_vocab(language.alphabet)  # type: ignore[attr-defined]
         try:
+            vocab = backend.answer_vocab(language.alphabet)
             dist = answer_distribution(probe, language, vocab, settings, max_tokens,
                                        max_unseen=max_unseen, prune_below=prune,
                                        sampler=backend.answer_sampler)

@@ -401,7 +401,7 @@ def kill_lines(res: CaseResult, rows_per_round: dict[int, tuple[int, int]]) -> l
     lines.append(f"kill: scancel {kill.job_id} ({', '.join(kill.urls)}) at {kill.at_s:.1f} s, "
                  f"{where}")
     for r, (rows, unique) in sorted(rows_per_round.items()):
-        lines.append(f"round {r + 1}: {rows:,} rows, {unique:,} distinct agents "
+        lines.append(f"round {r}: {rows:,} rows, {unique:,} distinct agents "
                      f"(expected {res.case.agents:,})")
     endpoints = res.ledger.endpoints
     for url in kill.urls:
@@ -413,7 +413,8 @@ def kill_lines(res: CaseResult, rows_per_round: dict[int, tuple[int, int]]) -> l
 
 
 def rows_per_round(run_dir: Path) -> dict[int, tuple[int, int]]:
-    """(rows, distinct agent ids) of every round on disk."""
+    """(rows, distinct agent ids) of every round on disk, by its folder's number (a run this
+    version starts numbers them from 1)."""
 
     out = {}
     for part in sorted((run_dir / "rounds").glob("round=*")):

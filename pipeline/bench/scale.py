@@ -71,7 +71,7 @@ def run_case(case: ScaleCase, raw: bool = True) -> list[dict]:
             "agents_per_s": agent_rounds / wall,
             "us_per_agent_round": 1e6 * sum(result.round_times) / agent_rounds,
             "peak_rss_gib": mem.peak_gib,
-            "first_mean": float(result.summary.loc[result.summary["round"] == 0, "mean"].iloc[0]),
+            "first_mean": float(result.summary.loc[result.summary["round"] == 1, "mean"].iloc[0]),
         })
         if raw:
             rows.append(_raw_case(case, config))

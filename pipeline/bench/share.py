@@ -12,8 +12,10 @@ Other cases (``--case``): ``paper``, the same default config at 1,000 agents x 5
 the bench (the same model; no per-agent reference row); ``emulate``, 1M agents x 3 rounds as
 a dry run (``--emulate``) against emulated vLLM servers (32 A100 by default), once with
 sharing (``share_answers = "auto"``) and once without (``"off"``), each round with the
-emulated GPU-seconds its requests took, and their ratio. Every row reports what the
-back-end did: the distinct prompts, model calls and GPU time the run records.
+emulated GPU-seconds its requests took, their ratio, and how the round plan answered its
+distinct prompts (prompts per method: an answer tree, ``n`` samples per request, one request
+per agent; ``simpipe.agents.answer_methods``) with the GPU-seconds it predicted. Every row
+reports what the back-end did: the distinct prompts, model calls and GPU time the run records.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from simpipe.agents.answer_methods import METHODS
 from simpipe.agents.base import Turn
 from simpipe.agents.llm import build_requests
 from simpipe.aio import run_async
@@ -34,13 +37,15 @@ from simpipe.memory import PeakMemory
 from simpipe.run.console import Console
 from simpipe.run.simulation import run_simulation
 from simpipe.servers.llamacpp_server import LlamaCppProcess
+from simpipe.store.record import RoundRecord
 from simpipe.store.results import read_ledger, read_population
 from simpipe.tables import markdown_table
 
 FORMATS = {"agents": "{:,}", "distinct_prompts": "{:,}", "sharing_factor": "{:,.1f}",
            "model_calls": "{:,}", "wall_s": "{:.1f}", "agents_per_s": "{:,.1f}",
-           "peak_rss_gib": "{:.2f}", "x_per_agent": "{:,.0f}", "gpu_s": "{:,.1f}",
-           "gpu_s_ratio": "{:.3f}"}
+           "peak_rss_gib": "{:.2f}", "x_per_agent": "{:,.0f}", "gpu_s": "{:,.3f}",
+           "gpu_s_ratio": "{:.3f}", "predicted_gpu_s": "{:,.3f}",
+           **{f"{name}_prompts": "{:,}" for name in METHODS}}
 #: ``--case``: (agents, rounds) when not given.
 CASES = {"default": (1_000_000, 2), "paper": (1_000, 5), "openai": (1_000, 5),
          "emulate": (1_000_000, 3)}
@@ -127,8 +132,18 @@ def _round_rows(config: Config, label: str, emulate: bool = False) -> list[dict]
         if emulate:
             # The fleet's modelled work in the round: per-server mean x servers x GPUs each.
             row["gpu_s"] = (estimate[r]["ideal_s"] * gpus if r in estimate else None)
+            row.update(_method_columns(rec))
         rows.append(row)
     return rows
+
+
+def _method_columns(rec: RoundRecord) -> dict:
+    """How the round plan answered the round's distinct prompts (``answer_methods``): prompts
+    per method and its predicted GPU-seconds; a round without a plan (sharing off) sent one
+    request per agent."""
+    methods = rec.answer_methods or {"per_agent": {"prompts": rec.distinct_prompts}}
+    return {f"{name}_prompts": (methods.get(name) or {}).get("prompts", 0)
+            for name in METHODS} | {"predicted_gpu_s": methods.get("predicted_gpu_s")}
 
 
 def run_share_bench(config: Config | None, agents: int, rounds: int, sample: int,
@@ -207,6 +222,10 @@ def _emulated_rows(agents: int, rounds: int, servers: int, time_scale: float) ->
                               emulate=True)
             totals[share] = sum(r["gpu_s"] or 0.0 for r in got)
             rows += got
+    per_round = len(rows) // 2
+    for auto, off in zip(rows[:per_round], rows[per_round:], strict=True):
+        if auto.get("gpu_s") is not None and off.get("gpu_s"):
+            auto["gpu_s_ratio"] = auto["gpu_s"] / off["gpu_s"]  # this round, auto / off
     rows.append({"case": "emulated GPU-seconds, sharing auto / off",
                  "gpu_s": totals["auto"],
                  "gpu_s_ratio": totals["auto"] / totals["off"] if totals["off"] else None})

@@ -139,13 +139,15 @@ def show(run_dir: str, agent_id: int | None, round_number: int) -> None:
         raise SimpipeError(f"{run_dir}: not a simpipe run directory (no run.json)")
     try:
         ledger = read_ledger(run_dir)
-        ledger.game()
+        game = ledger.game()
     except CorruptFile as exc:
         raise SimpipeError(f"{exc}; restore it from a copy (it records the run's config and "
                            "rounds)") from None
     total = "?" if ledger.rounds_total is None else ledger.rounds_total
     click.echo(f"run {ledger.name or paths.root.name}: {ledger.state}, "
-               f"{ledger.rounds_done}/{total} rounds, {ledger.n_agents or 0:,} agents")
+               f"{ledger.rounds_done}/{total} rounds, {ledger.n_agents or 0:,} agents"
+               + ("" if ledger.answers_source == "model" else
+                  f", {ledger.answers_source} answers"))
     try:
         summary = read_summary(run_dir)
         stopped = ledger.state not in ("finished", "running")  # what --resume is for
@@ -164,6 +166,8 @@ def show(run_dir: str, agent_id: int | None, round_number: int) -> None:
     with pd.option_context("display.width", 200, "display.max_columns", 20,
                            "display.max_rows", 60):
         click.echo(summary.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    if game.summary_note:
+        click.echo(game.summary_note)
 
 
 def _show_prompt(run_dir: str, agent_id: int, round_number: int) -> None:

@@ -10,13 +10,38 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AbstractContextManager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 
+from simpipe.inference.cost_model import CostModel
 from simpipe.inference.llamacpp_sampler import next_token as llamacpp_next_token
+
+T = TypeVar("T")
+
+#: Told of answers as they arrive, ``listener(n)``: n more agents have theirs (the round's
+#: progress moves while a partition's calls run, rather than when all have returned). Set
+#: around a back-end call with ``listening``; back-ends take it with ``answer_listener()``
+#: when a call starts and tell it as each request ends (on the event loop or on an engine
+#: thread: a listener is thread-safe).
+_LISTENER: ContextVar[Callable[[int], None] | None] = ContextVar("simpipe_answer_listener",
+                                                                 default=None)
+
+
+def answer_listener() -> Callable[[int], None] | None:
+    """The listener of the back-end call running in this context, if any."""
+    return _LISTENER.get()
+
+
+async def listening(call: Awaitable[T], listener: Callable[[int], None] | None) -> T:
+    """``await call`` with ``listener`` told of its answers as they arrive (this task's own
+    context: the requests it spawns inherit it, nothing outside does)."""
+    _LISTENER.set(listener)
+    return await call
 
 
 @dataclass(frozen=True)
@@ -146,6 +171,44 @@ class Backend(abc.ABC):
     #: Why the others cannot is in docs/shared-answers.md ("What each back-end can expose").
     supports_answer_distributions: bool = False
 
+    #: Whether it walks answer trees in one chain of probes on a lone sequence
+    #: (``logprob_chain``: the embedded engine): each prompt then costs only what it does
+    #: not share with the one probed before it, so a partition walks the prompts few agents
+    #: hold lazily itself and the round plan keeps full trees for widely shared ones.
+    chains_probes: bool = False
+
+    def answer_vocab(self, alphabet: frozenset[str]) -> Any:
+        """The answer tokens spelling ``alphabet`` and the end-of-generation ids
+        (``simpipe.inference.gguf_vocab.AnswerVocab``). Only where
+        ``supports_answer_distributions``."""
+        raise NotImplementedError(f"{type(self).__name__} computes no answer distributions")
+
+    def logprob_session(self, prompt: str) -> AbstractContextManager[Any]:
+        """One prompt's ``Probe`` (``simpipe.inference.answer_distribution``). Only where
+        ``supports_answer_distributions``."""
+        raise NotImplementedError(f"{type(self).__name__} computes no answer distributions")
+
+    def logprob_chain(self, vocab: Any = None, settings: Any = None
+                      ) -> AbstractContextManager[Callable[[str], Any]]:
+        """Exclusive use of the engine for several prompts' probes in one chain; yields
+        ``probe_for(prompt)``. Only where ``chains_probes``."""
+        raise NotImplementedError(f"{type(self).__name__} walks no chain of probes")
+
+    #: Whether ``probe_each`` evaluates several prompts' probes together, in batches fixed
+    #: by the list of prompts alone (the embedded engine, ``simpipe.inference.llamacpp_batch``):
+    #: the answer-tree consumers then hand it a list of prompts at once instead of walking
+    #: them one after another in a chain.
+    batched_evaluation: bool = False
+
+    def probe_each(self, prompts: Sequence[str], work: Callable[[int, Any], T], vocab: Any,
+                   settings: Any, on_result: Callable[[int, T], None] | None = None
+                   ) -> list[T]:
+        """``work(i, probe)`` for each prompt ``i``, with that prompt's ``Probe``
+        (``simpipe.inference.answer_distribution``) for the answer ``vocab`` and sampler
+        ``settings``; the results in order, each also told to ``on_result(i, result)`` on
+        the calling thread as it is ready. Only where ``batched_evaluation``."""
+        raise NotImplementedError(f"{type(self).__name__} does not evaluate prompts in batches")
+
     #: The server's sampler as a model (``next_token`` of ``llamacpp_sampler`` or
     #: ``vllm_sampler``): what the answer-distribution walk applies to the probed tokens.
     answer_sampler: Callable[..., Any] = staticmethod(llamacpp_next_token)
@@ -155,6 +218,21 @@ class Backend(abc.ABC):
         """Whether a back-end with these settings can compute shared answer distributions
         (without building it)."""
         return cls.supports_answer_distributions
+
+    @classmethod
+    def samples_per_request(cls, settings: Any) -> int:
+        """The most agents with one prompt it answers with one request of several samples
+        (OpenAI's ``n``); 1: one request per agent. The round plan prices that way of
+        answering (``simpipe.agents.answer_methods``)."""
+        return 1
+
+    @classmethod
+    def default_costs(cls, settings: Any) -> CostModel | None:
+        """What its requests cost the servers behind it when the config gives no costs
+        (``agents.cost``) and the servers are not emulated (the emulator's profile prices
+        those); None: nothing to price (the embedded engine decides by its own measured
+        costs, ``simpipe.agents.shared_answers.full_tree_pays``)."""
+        return None
 
     @abc.abstractmethod
     async def generate(self, requests: Sequence[GenerationRequest], *,

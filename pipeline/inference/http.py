@@ -42,6 +42,7 @@ from simpipe.inference.base import (
     EndpointCounters,
     GenerationRequest,
     GenerationResult,
+    answer_listener,
 )
 from simpipe.inference.endpoints import is_local
 from simpipe.inference.http_client import (
@@ -160,6 +161,7 @@ class EndpointPool:
     ) -> list[GenerationResult]:
         """One result per request, in order; never raises for a failed request."""
         results: list[GenerationResult | None] = [None] * len(requests)
+        told = answer_listener()
 
         def job(i: int) -> tuple[str, bytes] | str:
             return _encoded(encode, requests[i])
@@ -167,6 +169,8 @@ class EndpointPool:
         def store(i: int, o: Outcome) -> None:
             results[i] = GenerationResult(o[0], o[1], o[2], o[3],
                                           "ok" if o[6] is None else "error", o[6], o[4], o[5])
+            if told is not None:
+                told(1)
 
         await self._drive(len(requests), job, decode, store)
         return results  # type: ignore[return-value]
@@ -184,6 +188,7 @@ class EndpointPool:
         code_of, seed_of = codes.tolist(), seeds.tolist()
         text, tokens_in, tokens_out = out.text, out.tokens_in, out.tokens_out
         latency, finish, error = out.latency_s, out.finish, out.error
+        told = answer_listener()
 
         def job(i: int) -> tuple[str, bytes] | str:
             template = templates[code_of[i]]
@@ -197,6 +202,8 @@ class EndpointPool:
 
         def store(i: int, o: Outcome) -> None:
             text[i], tokens_in[i], tokens_out[i], latency[i], finish[i], _, error[i] = o
+            if told is not None:
+                told(1)
 
         await self._drive(n, job, decode, store)
         return out
@@ -211,11 +218,14 @@ class EndpointPool:
         stay what the servers reported; a failed request is every member's error."""
         text, tokens_in, tokens_out = out.text, out.tokens_in, out.tokens_out
         latency, finish, error = out.latency_s, out.finish, out.error
+        told = answer_listener()
 
         def store(g: int, o: Outcome) -> None:
             members = groups[g]
             texts, t_in, t_out, lat, fins, _, err = o
             k = len(members)
+            if told is not None:
+                told(k)
             if err is None and (len(texts) != k or len(fins) != k):  # type: ignore[arg-type]
                 err = f"malformed answer: {len(texts)} choices for n = {k}"  # type: ignore[arg-type]
             for j, i in enumerate(members):
@@ -279,17 +289,26 @@ class EndpointPool:
             best = min(others, key=lambda ep: ep.down_until)
         return best
 
+    def _preferred(self, key: int) -> _Endpoint:
+        """Endpoint ``key % endpoints`` unless it sits out after failures (then the usual
+        pick): requests that share a prompt's prefix go where its cache is."""
+        ep = self._endpoints[key % len(self._endpoints)]
+        return ep if ep.down_until <= time.monotonic() else self._pick(None)
+
     def _other_up(self, ep: _Endpoint) -> bool:
         now = time.monotonic()
         return any(o is not ep and o.down_until <= now for o in self._endpoints)
 
-    async def _send(self, state: _LoopState, path: str, body: bytes, decode: Decoder) -> Outcome:
-        """POST one body with retries and fail-over; its outcome, never an exception."""
+    async def _send(self, state: _LoopState, path: str, body: bytes, decode: Decoder,
+                    prefer: int | None = None) -> Outcome:
+        """POST one body with retries and fail-over; its outcome, never an exception.
+        ``prefer``: its first attempt goes to endpoint ``prefer % endpoints`` while that
+        one is up (``_preferred``)."""
         t0 = 0.0  # set when the first attempt gets its slot
         ep = None
         error = ""
         for attempt in range(self._retries + 1):
-            ep = self._pick(ep)
+            ep = self._pick(ep) if prefer is None or attempt else self._preferred(prefer)
             counters = ep.counters
             counters.requests += 1
             status = 0
@@ -360,10 +379,10 @@ class EndpointPool:
         return (None, 0, 0, time.perf_counter() - t0 if t0 else 0.0, None,
                 ep.name if ep is not None else None, redact(error, self._token))
 
-    async def post_json(self, path: str, body: bytes) -> Any:
+    async def post_json(self, path: str, body: bytes, prefer: int | None = None) -> Any:
         """One POST with the pool's retries and fail-over (and counters); the answer's JSON.
-        Raises ``RequestFailed`` with the reason when it fails."""
-        outcome = await self._send(self._state(), path, body, _json_and_usage)
+        Raises ``RequestFailed`` with the reason when it fails. ``prefer``: see ``_send``."""
+        outcome = await self._send(self._state(), path, body, _json_and_usage, prefer)
         if outcome[6] is not None:
             raise RequestFailed(outcome[6])
         return outcome[0]

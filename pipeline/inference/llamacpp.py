@@ -24,7 +24,7 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from simpipe.errors import SimpipeError
 from simpipe.home import simpipe_home
@@ -33,6 +33,8 @@ from simpipe.inference.answer_checks import (
     answer_text,
     finish_reason,
     json_object,
+    probe_count,
+    probe_top_logprobs,
     token_count,
 )
 from simpipe.inference.answer_distribution import Probe, ProbeError
@@ -41,17 +43,22 @@ from simpipe.inference.base import (
     EndpointCounters,
     GenerationRequest,
     GenerationResult,
+    answer_listener,
 )
 from simpipe.inference.gguf_vocab import AnswerVocab, answer_vocab
+from simpipe.inference.llamacpp_batch import Batches
 from simpipe.inference.llamacpp_hidden import (
     AnswerLogits,
     HiddenStateEngine,
     HiddenStateUnavailable,
+    ModelFile,
+    ModelFileChanged,
 )
 from simpipe.inference.llamacpp_sampler import ChainSettings, TopLogprobs
 from simpipe.inference.settings import MODEL_KEY, LlamaCppSettings, model_path_problem
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 ENDPOINT = "llamacpp"
 # The slot lone (exclusive) calls use: with the prompt cache, a call may reuse only what
@@ -339,18 +346,21 @@ def _error(message: str, latency_s: float) -> GenerationResult:
 
 
 def _top_logprobs(response: Any) -> tuple[TopLogprobs, int, int]:
-    """(top log-probabilities, prompt tokens evaluated, tokens generated) of one answer."""
+    """(top log-probabilities, prompt tokens evaluated, tokens generated) of one answer,
+    each value checked as a server's are (``answer_checks.probe_top_logprobs``,
+    ``probe_count``)."""
     try:
         choice = response["choices"][0]
         entries = choice["logprobs"]["content"][0]["top_logprobs"]
-        ids = tuple(int(e["id"]) for e in entries)
-        logprobs = tuple(float(e["logprob"]) for e in entries)
-        evaluated = int((response.get("timings") or {}).get("prompt_n", 0))
-        generated = int((response.get("usage") or {}).get("completion_tokens", 0))
-    except (KeyError, IndexError, TypeError, ValueError) as exc:
+        pairs = [(e["id"], e["logprob"]) for e in entries]
+        prompt_n = (response.get("timings") or {}).get("prompt_n")
+        completion_tokens = (response.get("usage") or {}).get("completion_tokens")
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
         message = response.get("error") if isinstance(response, dict) else None
         raise ProbeError(f"no top log-probabilities from llama.cpp ({message or exc!r})") from None
-    return TopLogprobs(ids, logprobs), evaluated, generated
+    top = probe_top_logprobs(pairs, "choices[0].logprobs.content[0].top_logprobs")
+    return (top, probe_count(prompt_n, "timings.prompt_n"),
+            probe_count(completion_tokens, "usage.completion_tokens"))
 
 
 class EngineLock:
@@ -405,6 +415,8 @@ class LlamaCppBackend(Backend):
     """
 
     supports_answer_distributions = True
+    chains_probes = True
+    batched_evaluation = True  # with exact answer logits; else ``probe_each`` is a chain
 
     def __init__(self, settings: LlamaCppSettings, *, serial: bool = False) -> None:
         self.settings = settings
@@ -413,6 +425,13 @@ class LlamaCppBackend(Backend):
         self._lock = EngineLock()
         self.prompt_style = settings.prompt_style
         self.model_path = resolve_model_path(settings)
+        # The file as the server loads it (taken before the load: a file swapped during it
+        # then reads as changed, never the other way round); the exact answer logits read
+        # it again later and must read this one (``llamacpp_hidden.ModelFile``).
+        try:
+            self._model_file = ModelFile.of(self.model_path)
+        except OSError as exc:
+            raise ModelFileError(f"{MODEL_KEY} = {str(self.model_path)!r}: {exc}") from None
         params = build_params(
             self.model_path,
             n_parallel=settings.n_parallel,
@@ -441,6 +460,8 @@ class LlamaCppBackend(Backend):
         self._hidden_problem: str | None = None
         self._answer_logits: dict[frozenset[int], AnswerLogits] = {}
         self._hidden_lock = threading.Lock()
+        # Several prompts' exact probes evaluated together (``probe_each``).
+        self._batches = Batches(settings.threads or default_threads())
 
     @property
     def listening_address(self) -> str:
@@ -467,7 +488,8 @@ class LlamaCppBackend(Backend):
         with self._lock.shared():
             return self._call(is_chat, body)
 
-    def _serial_calls(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
+    def _serial_calls(self, requests: Sequence[GenerationRequest],
+                      told: Callable[[int], None] | None = None) -> list[GenerationResult]:
         """Every request alone and in order, the first with its prompt decoded afresh.
 
         A batch's numbers then depend only on its own requests, never on what ran before or
@@ -483,11 +505,21 @@ class LlamaCppBackend(Backend):
                                              llguidance=self.llguidance)
                 body["id_slot"] = LONE_SLOT
                 results.append(self._call(is_chat, body))
+                if told is not None:  # one answer more (answer_listener)
+                    told(1)
             return results
 
     def answer_vocab(self, alphabet: frozenset[str]) -> AnswerVocab:
-        """End-of-generation ids and the tokens spelling ``alphabet``, from the GGUF file."""
-        return answer_vocab(str(self.model_path), alphabet)
+        """End-of-generation ids and the tokens spelling ``alphabet``, from the GGUF file;
+        ModelFileError naming the key when the file is no longer the one the server loaded
+        (its ids could be another vocabulary's)."""
+        try:
+            self._model_file.check()
+            found = answer_vocab(str(self.model_path), alphabet)
+            self._model_file.check()
+        except ModelFileChanged as exc:
+            raise ModelFileError(str(exc)) from None
+        return found
 
     @contextlib.contextmanager
     def logprob_session(self, prompt: str) -> Iterator[Probe]:
@@ -517,20 +549,43 @@ class LlamaCppBackend(Backend):
         found = self._answer_logits.get(ids)
         if found is not None:
             return found
-        try:
-            found = AnswerLogits(self.model_path, sorted(ids))
-            if self._hidden is None:
-                s = self.settings
-                self._hidden = HiddenStateEngine(
-                    self.model_path, s.threads or default_threads(),
-                    s.n_ctx or s.n_parallel * _CTX_PER_SLOT)
-            self._hidden.verify(found)
-        except (HiddenStateUnavailable, ProbeError, OSError, ValueError) as exc:
-            self._hidden_problem = str(exc)
-            logger.warning("answer trees use the server's top-n log-probabilities: %s", exc)
-            return None
+        # The check decodes on the engine, which another partition's chain may be using.
+        with self._lock.exclusive():
+            try:
+                found = AnswerLogits(self._model_file, sorted(ids))
+                if self._hidden is None:
+                    s = self.settings
+                    self._hidden = HiddenStateEngine(
+                        self._model_file, s.threads or default_threads(),
+                        s.n_ctx or s.n_parallel * _CTX_PER_SLOT)
+                self._hidden.verify(found)
+            except Exception as exc:  # noqa: BLE001 -- last resort: the exact path only saves time; whatever breaks it, the server's probes answer
+                self._exact_failed(exc)
+                self._drop_engine()
+                return None
         self._answer_logits[ids] = found
         return found
+
+    def _exact_failed(self, exc: BaseException) -> None:
+        """Turn the exact answer logits off for this back-end, with one warning saying why;
+        the caller holds the exclusive engine lock and then frees the engine
+        (``_drop_engine``) once no chain of it is open."""
+        if self._hidden_problem is None:
+            known = (HiddenStateUnavailable, ProbeError, OSError, ValueError)
+            self._hidden_problem = (str(exc) if isinstance(exc, known)
+                                    else f"{type(exc).__name__}: {exc}")
+            logger.warning("answer trees use the server's top-n log-probabilities: %s",
+                           self._hidden_problem)
+
+    def _drop_engine(self) -> None:
+        self._batches.close()  # a context on the engine's model
+        hidden, self._hidden = self._hidden, None
+        self._answer_logits.clear()
+        if hidden is not None:
+            try:
+                hidden.close()
+            except Exception:  # last resort (logged): it failed and was reported already
+                logger.debug("closing the hidden-state engine failed", exc_info=True)
 
     @contextlib.contextmanager
     def logprob_chain(self, vocab: AnswerVocab | None = None,
@@ -542,7 +597,9 @@ class LlamaCppBackend(Backend):
         With the answer ``vocab`` and sampler ``settings`` that do not truncate, each probe
         gives the exact logits of the answer tokens from the last hidden state
         (``exact_answer_logits``, ``llamacpp_hidden``; ``top_n`` is then moot). Otherwise the
-        server answers each probe with its top ``top_n`` raw log-probabilities.
+        server answers each probe with its top ``top_n`` raw log-probabilities. Should the
+        exact path fail in any other way than a probe's ProbeError, it is turned off with
+        one warning and the server answers that probe and every later one.
 
         The whole chain is one lone sequence (``EngineLock.exclusive``) in one slot: the
         first call decodes its prompt afresh and every later one reuses only the longest
@@ -556,12 +613,95 @@ class LlamaCppBackend(Backend):
         """
         exact = (self.exact_answer_logits(vocab, settings)
                  if vocab is not None and settings is not None else None)
-        if exact is not None and self._hidden is not None:
-            with self._lock.exclusive(), self._hidden.chain(exact, self._count_probe) as chain:
-                yield chain
-            return
-        with self._server_chain() as chain:
-            yield chain
+        if self._server is None:
+            raise ProbeError("the llama.cpp back-end is closed")
+        with self._lock.exclusive():
+            hidden = self._hidden
+            if exact is None or hidden is None:
+                yield self._server_probes()
+                return
+            chain = hidden.chain(exact, self._count_probe)
+            try:
+                exact_for = chain.__enter__()
+            except Exception as exc:  # noqa: BLE001 -- last resort, as in _answer_logits_for
+                self._exact_failed(exc)
+                self._drop_engine()
+                yield self._server_probes()
+                return
+            try:
+                yield self._exact_or_server(exact_for)
+            finally:
+                try:
+                    chain.__exit__(None, None, None)
+                except Exception as exc:  # noqa: BLE001 -- last resort, as in _answer_logits_for
+                    self._exact_failed(exc)
+                if self._hidden_problem is not None:
+                    self._drop_engine()
+
+    def _exact_or_server(self, exact_for: Callable[[str], Probe]) -> Callable[[str], Probe]:
+        """``probe_for`` of an exact chain that turns to the server's probes for good the
+        moment the exact path raises anything but a ProbeError (a probe's own error, which
+        stays that prompt's): that probe and every later one are then the server's. Each
+        probe's answer stands on its own, so a tree may mix the two."""
+        server_for: Callable[[str], Probe] | None = None
+
+        def server_probe(prompt: str) -> Probe:
+            nonlocal server_for
+            if server_for is None:
+                server_for = self._server_probes()
+            return server_for(prompt)
+
+        def probe_for(prompt: str) -> Probe:
+            if self._hidden_problem is not None:
+                return server_probe(prompt)
+            try:
+                exact = exact_for(prompt)
+            except ProbeError:
+                raise
+            except Exception as exc:  # noqa: BLE001 -- last resort, as in _answer_logits_for
+                self._exact_failed(exc)
+                return server_probe(prompt)
+
+            def probe(path: tuple[int, ...], top_n: int) -> tuple[TopLogprobs, int, int]:
+                if self._hidden_problem is None:
+                    try:
+                        return exact(path, top_n)
+                    except ProbeError:
+                        raise
+                    except Exception as exc:  # noqa: BLE001 -- last resort, as above
+                        self._exact_failed(exc)
+                return server_probe(prompt)(path, top_n)
+
+            return probe
+
+        return probe_for
+
+    def probe_each(self, prompts: Sequence[str], work: Callable[[int, Probe], T],
+                   vocab: AnswerVocab, settings: ChainSettings,
+                   on_result: Callable[[int, T], None] | None = None) -> list[T]:
+        """``work(i, probe)`` for each prompt, its results in order (see ``Backend``).
+
+        With exact answer logits (``exact_answer_logits``) the prompts are evaluated in
+        groups of ``llamacpp_batch.GROUP`` in list order, each group's prompts and probes
+        together in fixed batches (``llamacpp_batch``): the same list gives the same bits on
+        every run, which differ from a chain's in the last bits. Otherwise, and for what
+        remains when the batches fail, one ``logprob_chain`` in list order.
+        """
+        done: dict[int, T] = {}
+        exact = self.exact_answer_logits(vocab, settings)
+        if exact is not None:
+            with self._lock.exclusive():
+                if self._hidden is not None and self._hidden_problem is None:
+                    done = self._batches.run(self._hidden, prompts, work, exact,
+                                             self._count_probe, on_result)
+        if len(done) < len(prompts):
+            with self.logprob_chain(vocab, settings) as probe_for:
+                for i, prompt in enumerate(prompts):
+                    if i not in done:
+                        done[i] = work(i, probe_for(prompt))
+                        if on_result is not None:
+                            on_result(i, done[i])
+        return [done[i] for i in range(len(prompts))]
 
     def _count_probe(self, decoded: int, seconds: float) -> None:
         c = self._counters
@@ -569,9 +709,9 @@ class LlamaCppBackend(Backend):
         c.tokens_in += decoded
         c.latency_s_sum += seconds
 
-    @contextlib.contextmanager
-    def _server_chain(self) -> Iterator[Callable[[str], Probe]]:
-        """``logprob_chain`` through the server's ``n_probs``."""
+    def _server_probes(self) -> Callable[[str], Probe]:
+        """``probe_for`` of a chain through the server's ``n_probs``; the caller holds the
+        exclusive engine lock."""
         if self._server is None:
             raise ProbeError("the llama.cpp back-end is closed")
         fresh = True
@@ -607,16 +747,16 @@ class LlamaCppBackend(Backend):
         def probe_for(prompt: str) -> Probe:
             return functools.partial(probe_call, prompt)
 
-        with self._lock.exclusive():
-            yield probe_for
+        return probe_for
 
     async def generate(self, requests: Sequence[GenerationRequest], *,
                        reproducible: bool = False) -> list[GenerationResult]:
         if self._server is None:
             return [_error("the llama.cpp back-end is closed", 0.0) for _ in requests]
         loop = asyncio.get_running_loop()
+        told = answer_listener()
         if self.serial or reproducible:
-            results = await loop.run_in_executor(self._pool, self._serial_calls, requests)
+            results = await loop.run_in_executor(self._pool, self._serial_calls, requests, told)
         else:
             futures = [
                 loop.run_in_executor(self._pool, self._batched_call,
@@ -624,6 +764,9 @@ class LlamaCppBackend(Backend):
                                                    llguidance=self.llguidance))
                 for req in requests
             ]
+            if told is not None:
+                for future in futures:
+                    future.add_done_callback(lambda _: told(1))
             results = list(await asyncio.gather(*futures))
         c = self._counters
         for r in results:
@@ -643,6 +786,7 @@ class LlamaCppBackend(Backend):
         hidden, self._hidden = self._hidden, None
         if hidden is not None:
             with self._lock.exclusive():
+                self._batches.close()  # a context on the engine's model
                 hidden.close()
         # Dropping the last reference runs ~Server: stops the loop and frees the model.
         del server

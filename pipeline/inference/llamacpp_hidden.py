@@ -26,6 +26,11 @@ probes.
 A chain of probes runs in one sequence from an empty cache, each prompt reusing the
 longest prefix the chain itself left, so a fixed sequence of probes gives bit-identical
 logits on every run (the same rule as the server path, ``LlamaCppBackend.logprob_chain``).
+
+``HiddenStateEngine`` and ``AnswerLogits`` read the GGUF file again, long after the server
+loaded it: ``ModelFile`` is the file's identity as the server loaded it, and a file
+replaced or rewritten since raises ``ModelFileChanged`` (the back-end then keeps the
+server's probes, which come from the model its sampled calls use).
 """
 
 from __future__ import annotations
@@ -34,18 +39,20 @@ import contextlib
 import ctypes
 import functools
 import importlib.metadata
-import mmap
 import os
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
 from simpipe.inference.answer_distribution import Probe, ProbeError
 from simpipe.inference.gguf_vocab import output_matrix
 from simpipe.inference.llamacpp_sampler import TopLogprobs
+from simpipe.inference.settings import MODEL_KEY
 
 _P = ctypes.c_void_p
 HIDDEN_TENSOR = b"result_norm"  # llama.cpp's name for the output projection's input
@@ -56,13 +63,61 @@ VERIFY_TEXT = "Pick a whole number from 0 to 100. My number:"
 N_BATCH = 512
 # The xllamacpp releases whose llama.h the structs below were copied from and checked against
 # (tests/inference/test_llamacpp_hidden.py). A struct passed by value with another release's
-# layout would corrupt memory instead of failing, so other releases keep the server's probes.
+# layout would corrupt memory instead of failing, so other releases keep the server's probes;
+# pyproject.toml pins the same release, so that an install does not silently lose this path.
 CHECKED_XLLAMACPP = ("2026.10.11549",)
 
 
 class HiddenStateUnavailable(RuntimeError):
     """This model or build cannot give exact answer logits from its hidden state; the
     message says why (the back-end then asks the server for top-n log-probabilities)."""
+
+
+class ModelFileChanged(HiddenStateUnavailable):
+    """The model file is no longer the one the server loaded: probes read from it would
+    come from another model than the sampled calls."""
+
+
+@dataclass(frozen=True)
+class ModelFile:
+    """A GGUF file and its identity (device, inode, size, mtime, ctime) when the server
+    loaded it. The back-end records it before the load; whatever later reads the file by
+    name checks it first (``check``): a file replaced (another inode) or rewritten in place
+    (another size, mtime or ctime; no user can set a ctime back) since is refused. For the
+    default model the same identity is what its recorded sha256 was checked with."""
+
+    path: Path
+    identity: tuple[int, ...]
+
+    @classmethod
+    def of(cls, path: str | Path) -> ModelFile:
+        """``path`` as it is now (OSError when it cannot be read)."""
+        return cls(Path(path), _identity(os.stat(path)))
+
+    def check(self, st: os.stat_result | None = None) -> None:
+        """ModelFileChanged unless the file (``st``: of an open file; by default the path
+        now) is the one recorded."""
+        try:
+            now = _identity(st if st is not None else os.stat(self.path))
+        except OSError as exc:
+            raise ModelFileChanged(self._changed(f"it can no longer be read ({exc})")) from None
+        if now != self.identity:
+            raise ModelFileChanged(self._changed(
+                "it was replaced or rewritten since llama.cpp loaded it (device, inode, "
+                "size, mtime or ctime differ)"))
+
+    def _changed(self, what: str) -> str:
+        return (f"{MODEL_KEY} = {str(self.path)!r}: {what}; what is read from it now would "
+                "not be the model the sampled answers come from (a run keeps the model it "
+                "loaded: start the run again to use the new file)")
+
+
+def _identity(st: os.stat_result) -> tuple[int, ...]:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _model_file(model: ModelFile | str | Path) -> ModelFile:
+    return model if isinstance(model, ModelFile) else ModelFile.of(model)
 
 
 class _ModelParams(ctypes.Structure):
@@ -202,11 +257,23 @@ class AnswerLogits:
     computed by ggml's own CPU kernels for the matrix's type: the hidden state converted to
     the type the kernel pairs with it (``vec_dot_type``: Q8_0 for Q8_0 rows, Q8_K for
     k-quants, F16 for F16) by ggml's ``from_float``, then one ``vec_dot`` per row, as a
-    one-row matrix product in llama.cpp does."""
+    one-row matrix product in llama.cpp does.
 
-    def __init__(self, model_path: str | Path, ids: Sequence[int]) -> None:
+    The rows are copied into memory of their own with plain reads: no view into a mapping
+    of the file outlives the read (a view kept alive, by a profiler holding a frame for
+    one, made closing the mapping raise BufferError)."""
+
+    def __init__(self, model_path: ModelFile | str | Path, ids: Sequence[int]) -> None:
         api = llama_api()
-        matrix = output_matrix(str(model_path))
+        model = _model_file(model_path)
+        with open(model.path, "rb") as f:
+            model.check(os.fstat(f.fileno()))  # the rows below come from this open file
+            self._init(api, model, f, ids)
+
+    def _init(self, api: ctypes.CDLL, model: ModelFile, f: BinaryIO,
+              ids: Sequence[int]) -> None:
+        matrix = output_matrix(str(model.path))
+        model.check()  # the header just read was that of the open file
         self.ids = np.asarray(sorted(set(ids)), dtype=np.int64)
         if self.ids.size == 0 or self.ids[0] < 0 or self.ids[-1] >= matrix.n_vocab:
             raise ValueError(f"token ids outside the vocabulary of {matrix.n_vocab}")
@@ -224,14 +291,14 @@ class AnswerLogits:
             raise HiddenStateUnavailable(f"{matrix.name}: ggml cannot convert an activation "
                                          f"to type {kernel.vec_dot_type}")
         row_bytes = _row_bytes(api, matrix.ggml_type, self.n, matrix.name)
-        path = Path(model_path)
-        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-            if matrix.offset + matrix.n_vocab * row_bytes > len(buf):
-                raise HiddenStateUnavailable(f"{path}: {matrix.name} runs past the end of "
-                                             "the file")
-            self._rows = np.stack([
-                np.frombuffer(buf, np.uint8, row_bytes, matrix.offset + t * row_bytes)
-                for t in self.ids.tolist()])
+        if matrix.offset + matrix.n_vocab * row_bytes > os.fstat(f.fileno()).st_size:
+            raise HiddenStateUnavailable(f"{model.path}: {matrix.name} runs past the end of "
+                                         "the file")
+        self._rows = rows = np.empty((self.ids.size, row_bytes), np.uint8)
+        for i, t in enumerate(self.ids.tolist()):
+            f.seek(matrix.offset + t * row_bytes)
+            if f.readinto(rows[i]) != row_bytes:
+                raise HiddenStateUnavailable(f"{model.path}: a short read of {matrix.name}")
 
     def __call__(self, hidden: np.ndarray) -> np.ndarray:
         """Logits of ``self.ids`` (float64) after the hidden state ``hidden``."""
@@ -268,20 +335,34 @@ class HiddenStateEngine:
     decodes the rest. Not thread-safe: the caller holds the back-end's exclusive lock.
     """
 
-    def __init__(self, model_path: str | Path, threads: int, n_ctx: int) -> None:
-        self.api = api = llama_api()
-        self.model_path = Path(model_path)
+    def __init__(self, model_path: ModelFile | str | Path, threads: int, n_ctx: int) -> None:
+        self.api = llama_api()
+        self.model_file = _model_file(model_path)
+        self.model_path = self.model_file.path
         self.n_ctx = n_ctx
         self._model = self._ctx = None
+        self._batch: _Batch | None = None
         self._held: list[int] = []  # the tokens the cache holds, in order
         self._hidden: np.ndarray | None = None
         self._full = False  # let a decode run on to the logits (``full_logits``)
         self._callback = _EVAL_CALLBACK(self._on_tensor)  # kept alive with the context
+        try:
+            self._open(threads, n_ctx)
+        except BaseException:
+            self.close()
+            raise
+
+    def _open(self, threads: int, n_ctx: int) -> None:
+        api = self.api
         model_params = api.llama_model_default_params()
         model_params.n_gpu_layers = 0  # the callback reads the hidden state from host memory
+        # llama.cpp opens the file by name: the same file before and after is the one the
+        # server loaded (a swap and a swap back within the load aside).
+        self.model_file.check()
         self._model = api.llama_model_load_from_file(os.fsencode(self.model_path), model_params)
         if not self._model:
             raise HiddenStateUnavailable(f"llama.cpp could not load {self.model_path}")
+        self.model_file.check()
         self.n_embd = api.llama_model_n_embd(self._model)
         self._vocab = api.llama_model_get_vocab(self._model)
         self.n_vocab = api.llama_vocab_n_tokens(self._vocab)
@@ -295,7 +376,6 @@ class HiddenStateEngine:
         params.cb_eval = ctypes.cast(self._callback, _P)
         self._ctx = api.llama_init_from_model(self._model, params)
         if not self._ctx:
-            self.close()
             raise HiddenStateUnavailable("llama.cpp could not create a context")
         self._memory = api.llama_get_memory(self._ctx)
         self._batch = api.llama_batch_init(N_BATCH, 0, 1)
@@ -327,7 +407,8 @@ class HiddenStateEngine:
 
     def reset(self) -> None:
         """Empty the cache: the next decode starts afresh."""
-        self.api.llama_memory_clear(self._memory, True)
+        if self._ctx:  # (a closed engine holds nothing)
+            self.api.llama_memory_clear(self._memory, True)
         self._held = []
 
     def hidden_after(self, tokens: Sequence[int]) -> tuple[np.ndarray, int]:
@@ -355,6 +436,8 @@ class HiddenStateEngine:
     def _decode(self, tokens: Sequence[int], start: int) -> None:
         self._hidden = None
         batch = self._batch
+        if batch is None:
+            raise ProbeError("the hidden-state engine is closed")
         for lo in range(start, len(tokens), N_BATCH):
             hi = min(lo + N_BATCH, len(tokens))
             batch.n_tokens = hi - lo
@@ -434,8 +517,10 @@ class HiddenStateEngine:
 
     def close(self) -> None:
         api = self.api
-        if self._ctx:
+        if self._batch is not None:
             api.llama_batch_free(self._batch)
+            self._batch = None
+        if self._ctx:
             api.llama_free(self._ctx)
             self._ctx = None
         if self._model:

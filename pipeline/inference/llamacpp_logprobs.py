@@ -43,6 +43,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from simpipe.inference.answer_checks import (
+    TOKEN_ID_LIMIT,
+    probe_count,
+    probe_piece,
+    probe_token_id,
+    probe_top_logprobs,
+)
 from simpipe.inference.answer_distribution import Probe, ProbeError
 from simpipe.inference.gguf_vocab import _EOG_TEXTS, AnswerVocab
 from simpipe.inference.llamacpp_sampler import TopLogprobs
@@ -89,6 +96,8 @@ def _byte_tokens(post_many: PostMany, alphabet: frozenset[str],
     if len(bases) != 1:
         return {}
     base = bases.pop()
+    if not 0 <= base < TOKEN_ID_LIMIT - 256:
+        return {}
     chars = sorted(c for c in alphabet if len(c.encode()) == 1)
     ids = [base + ord(c) for c in chars]
     texts = post_many("/detokenize", [{"tokens": [t]} for t in ids])
@@ -102,13 +111,16 @@ def _tokenize(text: str, special: bool) -> dict:
 
 
 def _pieces(answer: Any) -> list[tuple[int, Any]]:
-    """``[(id, piece)]`` of a ``/tokenize`` answer with ``with_pieces``."""
+    """``[(id, piece)]`` of a ``/tokenize`` answer with ``with_pieces``: each id a token id
+    (``answer_checks.probe_token_id``), each piece text or (not UTF-8) a list of bytes."""
     tokens = answer.get("tokens") if isinstance(answer, dict) else None
-    try:
-        return [(int(t["id"]), t["piece"]) for t in tokens]  # type: ignore[union-attr]
-    except (KeyError, TypeError, ValueError):
+    if type(tokens) is not list or not all(
+            type(t) is dict and "id" in t and "piece" in t for t in tokens):
         raise ProbeError("/tokenize answered without a list of {id, piece}: "
-                         f"{str(answer)[:200]}") from None
+                         f"{str(answer)[:200]}")
+    return [(probe_token_id(t["id"], f"/tokenize tokens[{i}].id"),
+             probe_piece(t["piece"], f"/tokenize tokens[{i}].piece"))
+            for i, t in enumerate(tokens)]
 
 
 def session(post: Post, prompt: str, slot: int = LONE_SLOT) -> Iterator[Probe]:
@@ -130,19 +142,20 @@ def session(post: Post, prompt: str, slot: int = LONE_SLOT) -> Iterator[Probe]:
 
 def top_logprobs(answer: Any) -> tuple[TopLogprobs, int, int]:
     """(top log-probabilities, prompt tokens evaluated, tokens generated) of one
-    ``/completion`` answer; ``ProbeError`` naming what is missing."""
+    ``/completion`` answer; ``ProbeError`` naming what is missing, and every value checked
+    (``answer_checks.probe_top_logprobs``, ``probe_count``): ``MalformedProbe`` naming it."""
     try:
         step = answer["completion_probabilities"][0]
         if "top_logprobs" not in step and "probs" in step:
             raise ProbeError("the llama.cpp server answers n_probs in its old form (probs "
                              "without token ids); use a llama.cpp server from 2025 or later")
-        entries = step["top_logprobs"]
-        ids = tuple(int(e["id"]) for e in entries)
-        logprobs = tuple(float(e["logprob"]) for e in entries)
-        evaluated = int((answer.get("timings") or {}).get("prompt_n", 0))
-        generated = int(answer.get("tokens_predicted", 0))
+        pairs = [(e["id"], e["logprob"]) for e in step["top_logprobs"]]
+        timings = answer.get("timings") or {}
+        prompt_n, predicted = timings.get("prompt_n"), answer.get("tokens_predicted")
     except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
         message = answer.get("error") if isinstance(answer, dict) else None
         raise ProbeError("no top log-probabilities in the /completion answer "
                          f"({message or repr(exc)}: {str(answer)[:200]})") from None
-    return TopLogprobs(ids, logprobs), evaluated, generated
+    top = probe_top_logprobs(pairs, "completion_probabilities[0].top_logprobs")
+    return (top, probe_count(prompt_n, "timings.prompt_n"),
+            probe_count(predicted, "tokens_predicted"))

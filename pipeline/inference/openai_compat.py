@@ -37,7 +37,9 @@ is evaluated once per request instead of once per agent. What the servers do wit
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
+import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -53,6 +55,7 @@ from simpipe.inference.answer_checks import (
 )
 from simpipe.inference.answer_distribution import Probe, ProbeError
 from simpipe.inference.base import AnswerColumns, GenerationRequest, OutputConstraint
+from simpipe.inference.cost_model import LLAMACPP_GEMMA3_270M, VLLM_A100_LLAMA3_8B, CostModel
 from simpipe.inference.gguf_vocab import AnswerVocab
 from simpipe.inference.http import HttpBackend, RequestFailed, seed_template
 from simpipe.inference.llamacpp_sampler import next_token as llamacpp_next_token
@@ -84,10 +87,21 @@ class OpenAIBackend(HttpBackend):
     def shares_answers(cls, settings: Any) -> bool:
         return settings.answer_distributions != "off"
 
-    def _post(self, path: str, body: dict) -> Any:
-        """One request from a worker thread, through the pool (retries, counters)."""
+    @classmethod
+    def samples_per_request(cls, settings: Any) -> int:
+        return settings.n_per_request
+
+    @classmethod
+    def default_costs(cls, settings: Any) -> CostModel:
+        if settings.answer_distributions == "llamacpp":
+            return LLAMACPP_GEMMA3_270M
+        return VLLM_A100_LLAMA3_8B
+
+    def _post(self, path: str, body: dict, prefer: int | None = None) -> Any:
+        """One request from a worker thread, through the pool (retries, counters);
+        ``prefer``: the endpoint to try first (``EndpointPool._send``)."""
         try:
-            return aio.run_async(self._pool.post_json(path, _dumps(body).encode()))
+            return aio.run_async(self._pool.post_json(path, _dumps(body).encode(), prefer))
         except RequestFailed as exc:
             raise ProbeError(f"{path}: {exc}") from None
 
@@ -110,11 +124,14 @@ class OpenAIBackend(HttpBackend):
     @contextlib.contextmanager
     def logprob_session(self, prompt: str) -> Iterator[Probe]:
         """``probe(path, top_n)`` after ``prompt`` (``llamacpp_logprobs.session`` or
-        ``vllm_logprobs.session``)."""
+        ``vllm_logprobs.session``). Every request of the session goes to one server (the
+        prompt's hash picks it, while it is up): each probe then finds the prompt in that
+        server's prefix cache, where spread over the servers each would evaluate it."""
+        post = functools.partial(self._post, prefer=zlib.crc32(prompt.encode()))
         if self._llamacpp:
-            yield from llamacpp_logprobs.session(self._post, prompt)
+            yield from llamacpp_logprobs.session(post, prompt)
         else:
-            yield from vllm_logprobs.session(self._post, self._model, prompt,
+            yield from vllm_logprobs.session(post, self._model, prompt,
                                              self.settings.max_logprobs)
 
     def _encode(self, req: GenerationRequest, n: int = 1) -> tuple[str, bytes]:

@@ -220,3 +220,30 @@ class SamplingSettings(_Section):
         "new tokens for `prompt = \"basic\"`, at most 131,072"))
     cot_max_tokens: StrictInt = Field(256, ge=1, le=MAX_CONTEXT_TOKENS, description=(
         "new tokens for `prompt = \"cot\"` (reasoning, then the answer), at most 131,072"))
+
+
+class CostSettings(_Section):
+    """``[agents.cost]``: what a request costs the servers, in GPU seconds on a kept-full
+    server, for the round plan's choice of how each distinct prompt is answered over HTTP
+    (an answer tree, one request with `n` samples, or one request per agent: [shared
+    answers](shared-answers.md#which-prompts-are-shared-and-how-an-agent-draws)). A key left
+    unset takes the emulator profile's figure where the servers are emulated
+    ([emulator](emulator.md#timing-model)), else the back-end's default: for `openai`, vLLM
+    serving Llama 3 8B on one A100 (the `a100-llama3-8b` profile's figures, with prefix
+    caching in blocks of 16 tokens), or llama.cpp's server as measured here
+    (`answer_distributions = "llamacpp"`)."""
+
+    prefill_s_per_token: FiniteFloat | None = Field(None, ge=0, le=1, description=(
+        "seconds per prompt token evaluated (not served from the prefix cache)"))
+    decode_s_per_token: FiniteFloat | None = Field(None, ge=0, le=10, description=(
+        "seconds per generated token and sequence on a full batch"))
+    request_s: FiniteFloat | None = Field(None, ge=0, le=60, description=(
+        "seconds per request beside its tokens"))
+    prefix_block_tokens: StrictInt | None = Field(None, ge=0, le=1024, description=(
+        "the servers' prefix cache reuses whole blocks of this many tokens (vLLM: 16); "
+        "0: no prefix caching"))
+    tree_probes: FiniteFloat = Field(22.0, ge=1, le=100_000, description=(
+        "one-token probes an answer tree takes (about 22 for integers 0-100 with a tokenizer "
+        "that writes numbers digit by digit)"))
+    answer_tokens: FiniteFloat = Field(3.0, ge=1, le=MAX_CONTEXT_TOKENS, description=(
+        "tokens a sampled answer generates (\" 37\" and the end of generation)"))

@@ -32,6 +32,13 @@ import json
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from simpipe.inference.answer_checks import (
+    probe_count,
+    probe_optional_list,
+    probe_token_id,
+    probe_token_ids,
+    probe_top_logprobs,
+)
 from simpipe.inference.answer_distribution import Probe, ProbeError
 from simpipe.inference.gguf_vocab import _EOG_TEXTS, AnswerVocab
 from simpipe.inference.llamacpp_sampler import TopLogprobs
@@ -68,7 +75,7 @@ def answer_vocab(post_many: PostMany, model: str, alphabet: frozenset[str]) -> A
     # marker (``<eos>`` in a vocabulary without it) is not one.
     eog = {tokens[0] for text, tokens, a in zip(eog_texts, ids[len(texts):],
                                                 answers[len(texts):], strict=True)
-           if len(tokens) == 1 and (a.get("token_strs") or [None])[0] == text}
+           if len(tokens) == 1 and (_token_strs(a) or [None])[0] == text}
     if not eog:
         raise ProbeError("the server's tokenizer knows none of the end-of-generation texts "
                          f"({', '.join(eog_texts[:4])}, ...)")
@@ -77,10 +84,16 @@ def answer_vocab(post_many: PostMany, model: str, alphabet: frozenset[str]) -> A
 
 
 def _tokens(answer: Any) -> list[int]:
+    """A ``/tokenize`` answer's ``tokens``, each a token id (``probe_token_ids``)."""
     tokens = answer.get("tokens") if isinstance(answer, dict) else None
-    if not isinstance(tokens, list) or not all(type(t) is int for t in tokens):
+    if not isinstance(tokens, list):
         raise ProbeError(f"/tokenize answered without a token list: {str(answer)[:200]}")
-    return tokens
+    return probe_token_ids(tokens, "/tokenize tokens")
+
+
+def _token_strs(answer: dict) -> list | None:
+    """A ``/tokenize`` answer's ``token_strs`` (``return_token_strs``): a list, or absent."""
+    return probe_optional_list(answer.get("token_strs"), "/tokenize token_strs")
 
 
 def session(post: Post, model: str, prompt: str, max_logprobs: int) -> Iterator[Probe]:
@@ -106,16 +119,22 @@ def session(post: Post, model: str, prompt: str, max_logprobs: int) -> Iterator[
 
 
 def _top(answer: Any, n: int) -> tuple[TopLogprobs, int, int]:
+    """(top log-probabilities, prompt tokens, generated tokens) of one probe answer; every
+    value checked (``answer_checks.probe_top_logprobs``, ``probe_count``)."""
+    field = "choices[0].logprobs.top_logprobs[0]"
     try:
         entries = answer["choices"][0]["logprobs"]["top_logprobs"][0]
-        pairs = sorted(((float(lp), int(k.removeprefix("token_id:")))
-                        for k, lp in entries.items()), key=lambda p: (-p[0], p[1]))
+        items = list(entries.items())
         usage = answer.get("usage") or {}
-        evaluated = int(usage.get("prompt_tokens", 0))
-        generated = int(usage.get("completion_tokens", 0))
+        prompt_tokens = usage.get("prompt_tokens")
+        completion_tokens = usage.get("completion_tokens")
     except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
         raise ProbeError("no top log-probabilities in the answer "
                          f"({exc!r}: {json.dumps(answer)[:200]})") from None
+    top = probe_top_logprobs([(_token_key(k, field), lp) for k, lp in items], field)
+    evaluated = probe_count(prompt_tokens, "usage.prompt_tokens")
+    generated = probe_count(completion_tokens, "usage.completion_tokens")
+    pairs = sorted(zip(top.logprobs, top.ids, strict=True), key=lambda p: (-p[0], p[1]))
     # The sampled token is added when it is not in the top n: beyond the n-th it would
     # lower the floor below what unlisted tokens may have.
     pairs = pairs[:n]
@@ -123,15 +142,36 @@ def _top(answer: Any, n: int) -> tuple[TopLogprobs, int, int]:
             evaluated, generated)
 
 
+def _token_key(key: str, field: str) -> int:
+    """The token id of a ``"token_id:<id>"`` key (``return_tokens_as_token_ids``): ASCII
+    digits only (``int`` also reads ``" 5"``, ``"+5"``, ``"5_0"`` and other scripts' digits)."""
+    digits = key.removeprefix("token_id:")
+    if digits != key and digits.isascii() and digits.isdigit() and len(digits) <= 30:
+        return probe_token_id(int(digits), field)
+    return probe_token_id(key, field)
+
+
 async def gather_posts(post_json: Callable[[str, bytes], Any], path: str,
                        bodies: list[dict], width: int = 32) -> list[Any]:
-    """``post_json`` of every body, ``width`` at a time, answers in order."""
+    """``post_json`` of every body, ``width`` at a time, answers in order. The first
+    failure is raised, and the bodies not yet sent are not sent (the requests in flight
+    end on their own): a vocabulary is ~1,100 requests, and a server that refuses them
+    (``/tokenize`` answering 404, or nothing) would otherwise be asked them all, in the
+    background, every time the vocabulary is asked again."""
     out: list[Any] = [None] * len(bodies)
     todo = iter(range(len(bodies)))
+    failed = False
 
     async def worker() -> None:
+        nonlocal failed
         for i in todo:
-            out[i] = await post_json(path, json.dumps(bodies[i]).encode())
+            if failed:
+                return
+            try:
+                out[i] = await post_json(path, json.dumps(bodies[i]).encode())
+            except BaseException:
+                failed = True
+                raise
 
     await asyncio.gather(*[worker() for _ in range(min(width, len(bodies)))])
     return out

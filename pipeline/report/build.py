@@ -7,12 +7,13 @@ from pathlib import Path
 
 import pandas as pd
 
+from simpipe.games import validity
 from simpipe.report import cot
 from simpipe.report import figures as fig
 from simpipe.report import tables as tab
 from simpipe.report.contents import FigureItem, Report, TableSection
 from simpipe.report.experiment import comparison, load_experiment_runs
-from simpipe.report.html import write_html
+from simpipe.report.html import title, write_html
 from simpipe.report.load import ReportInputError, RunData, load_runs, slug
 from simpipe.store.experiment import is_experiment_dir
 from simpipe.tables import markdown_table
@@ -37,7 +38,50 @@ FORMATS: dict[str, str] = {
                            "welch_t", "cohens_d")},
     **{c: "{:.3g}" for c in ("mw_p", "mw_p_holm", "welch_p", "welch_p_holm")},
     "n_a": "{:,}", "n_b": "{:,}", "mw_u": "{:,.0f}",
+    # validity, dominated answers, paired tests, tests across an attribute's levels
+    **{c: "{:.1%}" for c in ("dominated_share", "top_share", "run_dominated_share",
+                             "run_top_share", "identical_share")},
+    **{c: FLOAT2 for c in ("run_target", "human_target", "pair_r", "t_stat", "d", "kw_h",
+                           "epsilon_sq", "trend_rho", "power_d02", "power_d05")},
+    **{c: "{:.3g}" for c in ("rank_p", "rank_p_holm", "t_p", "t_p_holm", "kw_p", "trend_p")},
+    "n_pairs": "{:,}", "rank_stat": "{:,.0f}", "levels": "{:d}",
 }
+
+
+VALIDITY_RULE = (f"the validity rule: at least {validity.MIN_VALID_SHARE:.0%} of a group's "
+                 f"answers valid and at least {validity.MIN_N} valid answers")
+
+
+def source_notes(runs: Sequence[RunData]) -> list[str]:
+    """The report's first notes: which runs' answers do not come from a model."""
+    notes = []
+    synthetic = [run.label for run in runs if run.synthetic]
+    if synthetic:
+        notes.append(f"SYNTHETIC ANSWERS in {', '.join(synthetic)}: made up by emulated or "
+                     "stub servers (a dry run, --emulate), not by a model: they measure the "
+                     "pipeline, not behaviour; no human or published numbers are set beside "
+                     "them")
+    scripted = [run.label for run in runs if run.answers_source == validity.RULE_BASED]
+    if scripted:
+        notes.append(f"rule-based answers in {', '.join(scripted)}: scripted agents (a "
+                     "cognitive-hierarchy model of behaviour, no LLM)")
+    return notes
+
+
+def _attribute_test_notes(answers: str) -> list[str]:
+    return [
+        f"Per run and round, the valid {answers} of the levels that are valid enough "
+        f"({VALIDITY_RULE}; the others are named in flag). kw: Kruskal-Wallis H test across "
+        "the levels, epsilon_sq = H / (n - 1) (0: no difference, 1: the levels separate the "
+        "answers completely).",
+        "trend: Spearman's rho between an answer and its level's rank (three levels or "
+        "more), in trend_order: numeric ranges by value, labels in the order the config "
+        "lists them. Read it only where that order is an order (education: yes; gender or "
+        "occupation: no).",
+        "power_d02, power_d05: the power of a two-sided t test at 5% between the two "
+        "smallest levels (smallest_pair, with their n) to detect a difference of 0.2 or 0.5 "
+        "standard deviations: below 0.8, a difference of that size would often go unseen.",
+    ]
 
 
 def available_attributes(runs: Sequence[RunData]) -> list[str]:
@@ -83,7 +127,7 @@ def build_experiment_report(folder: str | Path, out: str | Path | None = None,
 
 def write_markdown(report: Report, path: Path) -> None:
     """Every table of ``report`` as Markdown, with its notes and citation."""
-    parts = ["# simpipe report", ""]
+    parts = [f"# {title(report)}", ""]
     parts += [f"note: {n}" for n in report.notes]
     for section in report.sections:
         parts += ["", f"## {section.title}", "", markdown_table(section.display_rows(), FORMATS)]
@@ -137,8 +181,9 @@ def assemble_report(runs: Sequence[RunData], out_dir: Path, attributes: Sequence
         reach = {run.label: run.reaches_agents(attribute) for run in with_attr}
         table.insert(1, "reaches_agents", table["run"].map(
             {label: how or NOT_SHOWN for label, how in reach.items()}))
-        attribute_notes = [f"n valid {game.answer_plural} per level and round; 95% Student-t "
-                           "confidence interval of the mean."]
+        attribute_notes = [f"n {game.answer_plural} and n_valid valid ones per level and "
+                           "round; 95% Student-t confidence interval of the mean, only where "
+                           f"the level is valid enough ({VALIDITY_RULE})."]
         hidden = [label for label, how in reach.items() if how is None]
         title = f"Mean {game.answer_name} by {attribute}"
         if hidden:
@@ -150,12 +195,17 @@ def assemble_report(runs: Sequence[RunData], out_dir: Path, attributes: Sequence
                 "correlation with other attributes, not an effect of it."))
         sections.append(TableSection(
             f"by_{slug(attribute)}", title, table, attribute=attribute, notes=attribute_notes))
+        sections.append(TableSection(
+            f"tests_by_{slug(attribute)}", f"Do the levels of {attribute} differ?",
+            pd.concat([tab.attribute_tests(run, attribute) for run in with_attr],
+                      ignore_index=True), notes=_attribute_test_notes(game.answer_plural)))
+        y_low = game.answer().bounds[0]
         for run in with_attr:
             name = f"{slug(run.label)}-by-{slug(attribute)}.png"
             figures.append(FigureItem(
                 fig.attribute_figure(table[table["run"] == run.label], "round",
                                      f"{run.label}: mean {game.answer_name} by {attribute}",
-                                     game.answer_name, out_dir / "figures" / name),
+                                     game.answer_name, out_dir / "figures" / name, y_low),
                 f"{run.label}: mean {game.answer_name} by {attribute} per round, 95% CI",
                 run=run.label, attribute=attribute))
         if len(with_attr) > 1:
@@ -164,11 +214,20 @@ def assemble_report(runs: Sequence[RunData], out_dir: Path, attributes: Sequence
                 fig.attribute_figure(first, "run",
                                      f"first round: mean {game.answer_name} by {attribute}",
                                      game.answer_name,
-                                     out_dir / "figures" / f"compare-by-{slug(attribute)}.png"),
+                                     out_dir / "figures" / f"compare-by-{slug(attribute)}.png",
+                                     y_low),
                 f"all runs: first-round mean {game.answer_name} by {attribute}, 95% CI",
                 attribute=attribute))
-    if not attributes:
+    if not available_attributes(runs):
         notes.append("no persona attributes in the population: no per-attribute tables")
+    flagged = [f"{row['run']} round {row['round']}" for table in round_tables
+               for _, row in table.iterrows() if not row["valid_enough"]]
+    if flagged:
+        notes.insert(0, f"NOT VALID ENOUGH ({VALIDITY_RULE}): {', '.join(flagged[:8])}"
+                        f"{f' and {len(flagged) - 8} more' if len(flagged) > 8 else ''}: their "
+                        "numbers are shown with their n and flag, without intervals, tests or "
+                        "comparisons with published numbers")
+    notes[:0] = source_notes(runs)
     sections += cot.cot_sections(runs, attributes)
 
     if len(runs) > 1:

@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from simpipe.games import validity
 from simpipe.games.base import RoundChart
 from simpipe.report.load import RunData
 from simpipe.report.stats import CONFIDENCE
@@ -42,7 +43,10 @@ def guesses_figure(run: RunData, path: Path) -> Path:
         mark = game.round_mark(pooled.loc[r].to_dict()) if r in pooled.index else None
         if mark is not None:
             ax.axvline(mark[1], color="#c44e52", label=mark[0])
-        ax.set_title(f"round {r}", fontsize=10)
+        n, n_valid = int((run.rounds["round"] == r).sum()), int(counts.sum())
+        why = validity.problem(n, n_valid)
+        ax.set_title(f"round {r}" + (f"\n{why}" if why else ""), fontsize=10 if not why else 7,
+                     color="black" if not why else "#c44e52")
         ax.set_xlabel(game.answer_name)
     for ax in axes[len(round_ids):]:
         ax.set_visible(False)
@@ -62,7 +66,9 @@ def convergence_figure(run: RunData, rounds: pd.DataFrame, path: Path) -> Path:
         ax.plot(rounds["round"], rounds[column], marker=marker, linestyle=line, label=label)
     for name, value in chart.levels:
         ax.axhline(value, color="black", linestyle=":", label=f"{name} {value:g}")
-    _reference(ax, chart, rounds["round"])
+    if comparable(run, rounds):
+        _reference(ax, chart, rounds["round"])
+    mark_flagged(ax, rounds, chart.series[0][0])
     _round_axis(ax, rounds["round"])
     ax.set_ylim(*chart.y_range)
     ax.set_ylabel(chart.y_label)
@@ -72,8 +78,11 @@ def convergence_figure(run: RunData, rounds: pd.DataFrame, path: Path) -> Path:
 
 
 def attribute_figure(table: pd.DataFrame, series: str, title: str, answer_name: str,
-                     path: Path) -> Path:
-    """Mean answer per level with 95% CIs; one dodged series per value of `series`."""
+                     path: Path, y_low: float = 0.0) -> Path:
+    """Mean answer per level with 95% CIs; one dodged series per value of `series`. The
+    y axis starts at ``y_low`` (the answer range's lower bound), not at the data: a small
+    gap must look small. A level that is not valid enough is a hollow marker with its n,
+    without an interval."""
     levels = list(dict.fromkeys(table["level"]))
     groups = list(dict.fromkeys(table[series]))
     width = 0.8 / max(len(groups), 1)
@@ -84,8 +93,19 @@ def attribute_figure(table: pd.DataFrame, series: str, title: str, answer_name: 
         part = table[table[series] == group].set_index("level").reindex(levels)
         offset = (i - (len(groups) - 1) / 2) * width
         yerr = np.vstack([part["mean"] - part["ci_low"], part["ci_high"] - part["mean"]])
-        ax.errorbar(x + offset, part["mean"], yerr=np.nan_to_num(yerr), fmt="o", capsize=3,
-                    label=f"{series} {group}" if series == "round" else str(group))
+        drawn = ax.errorbar(x + offset, part["mean"], yerr=np.nan_to_num(yerr), fmt="o",
+                            capsize=3,
+                            label=f"{series} {group}" if series == "round" else str(group))
+        if "valid_enough" in part:
+            weak = ~part["valid_enough"].fillna(True).astype(bool).to_numpy()
+            color = drawn.lines[0].get_color()
+            for xi, yi, n in zip((x + offset)[weak], part["mean"].to_numpy()[weak],
+                                 part["n_valid"].to_numpy()[weak], strict=True):
+                ax.plot([xi], [yi], marker="o", markersize=11, markerfacecolor="white",
+                        markeredgecolor=color)
+                ax.annotate(f"n={n:.0f}, not valid enough", (xi, yi), fontsize=7,
+                            xytext=(4, 4), textcoords="offset points")
+    ax.set_ylim(bottom=y_low)
     crowded = len(levels) > 4
     ax.set_xticks(x, levels, rotation=20 if crowded else 0, ha="right" if crowded else "center")
     ax.set_ylabel(f"mean {answer_name} (95% CI)")
@@ -141,7 +161,8 @@ def compare_convergence_figure(runs: Sequence[RunData], rounds: Sequence[pd.Data
         for _, value in run.game.round_chart().levels[:1]:
             ax.axhline(value, color=line.get_color(), linestyle=":", alpha=0.8)
     all_rounds = pd.concat([t["round"] for t in rounds])
-    _reference(ax, chart, all_rounds)
+    if all(comparable(run, table) for run, table in zip(runs, rounds, strict=True)):
+        _reference(ax, chart, all_rounds)
     _round_axis(ax, all_rounds)
     ax.set_ylabel(f"{chart.y_label} (dotted: {chart.levels[0][0]})" if chart.levels
                   else chart.y_label)
@@ -161,6 +182,7 @@ def condition_figure(run: RunData, rows: pd.DataFrame, path: Path) -> Path:
     ax.fill_between(x, rows["mean_ci_low"], rows["mean_ci_high"], alpha=0.25,
                     label=f"mean, {CONFIDENCE:.0%} interval")
     ax.plot(x, rows["mean"], marker="o", label=f"mean {game.answer_name}")
+    mark_flagged(ax, rows, "mean")
     ax.plot(x, rows["median"], marker="s", linestyle="--", label=f"median {game.answer_name}")
     if "winning_guess" in rows:
         ax.plot(x, rows["winning_guess"], marker="^", linestyle="-.", label="winning guess")
@@ -191,8 +213,10 @@ def conditions_figure(runs: Sequence[RunData], rows: pd.DataFrame, path: Path) -
         part = rows[rows["condition"] == run.label]
         x = part["round"].to_numpy() + (i - (len(runs) - 1) / 2) * width
         err = np.vstack([part["mean"] - part["mean_ci_low"], part["mean_ci_high"] - part["mean"]])
-        ax.errorbar(x, part["mean"], yerr=np.nan_to_num(err), marker="o", capsize=3,
-                    label=run.label)
+        weak = (~part["valid_enough"].astype(bool)).any() if "valid_enough" in part else False
+        drawn = ax.errorbar(x, part["mean"], yerr=np.nan_to_num(err), marker="o", capsize=3,
+                            label=f"{run.label} (not valid enough)" if weak else run.label)
+        mark_flagged(ax, part.assign(round=x), "mean", drawn.lines[0].get_color())
     _round_axis(ax, rows["round"].to_numpy())
     ax.set_ylim(*game.answer().bounds)
     ax.set_ylabel(f"mean {game.answer_name} ({CONFIDENCE:.0%} interval)")
@@ -201,14 +225,36 @@ def conditions_figure(runs: Sequence[RunData], rows: pd.DataFrame, path: Path) -
     return _save(fig, path)
 
 
+def comparable(run: RunData, rounds: pd.DataFrame) -> bool:
+    """Whether human data may be drawn beside the run (its rounds: ``valid_enough``): not
+    for synthetic answers, nor where any round is not valid enough."""
+    if run.synthetic:
+        return False
+    return "valid_enough" not in rounds or bool(rounds["valid_enough"].all())
+
+
+def mark_flagged(ax, rows: pd.DataFrame, column: str, color: str = "black") -> None:
+    """The rounds of ``rows`` that are not valid enough (``valid_enough``): a hollow ring
+    around their point of ``column`` with their n."""
+    if "valid_enough" not in rows:
+        return
+    weak = rows[~rows["valid_enough"].astype(bool) & rows[column].notna()]
+    for _, row in weak.iterrows():
+        ax.plot([row["round"]], [row[column]], marker="o", markersize=12,
+                markerfacecolor="none", markeredgecolor=color, markeredgewidth=1.5)
+        ax.annotate(f"n={int(row['n_valid'])} of {int(row['n'])}: not valid enough",
+                    (row["round"], row[column]), fontsize=7, xytext=(5, 5),
+                    textcoords="offset points")
+
+
 def _reference(ax, chart: RoundChart, rounds: pd.Series) -> None:
     """The human data per round, on the rounds played that it covers."""
     if chart.reference is None:
         return
     label, values = chart.reference
-    played = sorted(int(r) for r in set(rounds) if 0 <= int(r) < len(values))
+    played = sorted(int(r) for r in set(rounds) if 1 <= int(r) <= len(values))  # from 1
     if played:
-        ax.plot(played, [values[r] for r in played], color="grey", linestyle="--",
+        ax.plot(played, [values[r - 1] for r in played], color="grey", linestyle="--",
                 marker="x", label=label)
 
 
@@ -224,7 +270,7 @@ def _round_axis(ax, rounds: pd.Series) -> None:
     ticks = sorted(set(int(r) for r in rounds))
     if len(ticks) <= 20:
         ax.set_xticks(ticks)
-    ax.set_xlabel("round (0 = first)")
+    ax.set_xlabel("round")
 
 
 def _save(fig: Figure, path: Path) -> Path:

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
 
+from simpipe.games.validity import source_label
 from simpipe.report.contents import FigureItem, Report, TableSection
 from simpipe.tables import format_cell
 
@@ -22,6 +23,8 @@ th { background: #f3f3f3; } td.text { text-align: left; }
 .wrap { overflow-x: auto; }
 figure { margin: 1rem 0; } figure img { max-width: 100%; height: auto; border: 1px solid #eee; }
 figcaption, .note, .cite { font-size: 0.85rem; color: #555; }
+tr.flagged td { background: #fdecea; color: #7a2a22; }
+.synthetic { background: #fff3cd; border: 1px solid #e0b000; padding: 0.4rem 0.6rem; }
 """
 
 
@@ -29,12 +32,13 @@ def write_html(report: Report, formats: Mapping[str, str]) -> None:
     parts = [
         "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
         "<title>simpipe report</title>", f"<style>{STYLE}</style></head><body>",
-        "<h1>simpipe report</h1>",
+        f"<h1>{html.escape(title(report))}</h1>",
         f"<p>{_runs_line(report)}<br><span class='note'>generated "
         f"{datetime.now(UTC):%Y-%m-%d %H:%M UTC} by simpipe {_version()}; tables as CSV "
         f"in <code>tables/</code>, figures as PNG in <code>figures/</code>.</span></p>",
     ]
-    parts += [f"<p class='note'>{html.escape(n)}</p>" for n in report.notes]
+    parts += [f"<p class='{'synthetic' if n.startswith('SYNTHETIC') else 'note'}'>"
+              f"{html.escape(n)}</p>" for n in report.notes]
     for section in report.sections:
         parts.append(_section(section, formats))
         parts += [_figure(f) for f in report.figures if f.section == section.key]
@@ -65,7 +69,9 @@ def _section(section: TableSection, formats: Mapping[str, str]) -> str:
                 value = row[c]
                 css = " class='text'" if isinstance(value, str) else ""
                 cells.append(f"<td{css}>{html.escape(format_cell(value, formats.get(c)))}</td>")
-            out.append("<tr>" + "".join(cells) + "</tr>")
+            flagged = row.get("valid_enough") is False
+            out.append(("<tr class='flagged'>" if flagged else "<tr>") + "".join(cells)
+                       + "</tr>")
         out.append("</tbody></table></div>")
     else:
         out.append("<p class='note'>(no rows)</p>")
@@ -83,10 +89,19 @@ def _figure(item: FigureItem) -> str:
             "</figcaption></figure>")
 
 
+def title(report: Report) -> str:
+    """The page's heading: says so when any run's answers are synthetic."""
+    if any(run.synthetic for run in report.runs):
+        return "simpipe report: SYNTHETIC answers (emulated servers, not a model)"
+    return "simpipe report"
+
+
 def _runs_line(report: Report) -> str:
     return "; ".join(
         f"<b>{html.escape(run.label)}</b> (<code>{html.escape(str(run.run_dir))}</code>, "
-        f"{html.escape(run.ledger.state)})" for run in report.runs)
+        + ", ".join(html.escape(w) for w in (run.ledger.state, source_label(run.answers_source))
+                    if w) + ")"
+        for run in report.runs)
 
 
 def _version() -> str:

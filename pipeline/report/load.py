@@ -14,6 +14,7 @@ from simpipe import population_mix as mix
 from simpipe.backends import BACKENDS, DEFAULT_BACKEND
 from simpipe.errors import SimpipeError
 from simpipe.games.base import Game
+from simpipe.games.validity import SYNTHETIC
 from simpipe.personas.config import PopulationConfig
 from simpipe.records import CorruptFile
 from simpipe.store.integrity import RESUME_REPAIRS, check_part, read_summary, round_problems
@@ -40,6 +41,17 @@ class RunData:
     summary: pd.DataFrame  # summary.parquet, completed rounds only
     rounds: pd.DataFrame  # ROUND_COLUMNS, completed rounds only
     population: pd.DataFrame  # agent_id + attribute columns (no persona text)
+
+    @property
+    def answers_source(self) -> str:
+        """Where its answers come from (run.json's ``answers_source``: "model", "synthetic",
+        "rule-based"; a run.json written before the field: "model")."""
+        return self.ledger.answers_source
+
+    @property
+    def synthetic(self) -> bool:
+        """Answers made up by emulated or stub servers: never beside published numbers."""
+        return self.answers_source == SYNTHETIC
 
     @property
     def columns(self) -> list[str]:
@@ -96,6 +108,8 @@ class RunData:
 
     @property
     def round_indices(self) -> list[int]:
+        """The finished rounds, by their numbers (from 1, as the summary and the rounds
+        number them)."""
         return sorted(int(r) for r in self.summary["round"].unique())
 
 
@@ -115,10 +129,12 @@ def load_run(run_dir: str | Path, label: str | None = None) -> RunData:
     except CorruptFile as exc:
         raise ReportInputError(f"{exc}; restore it from a copy") from None
 
+    paths = ledger.run_paths(path)  # a run written before numbers its rounds from 0
     try:
-        summary = read_summary(paths.summary, game.summary_columns)
-        done = sorted(int(r) for r in summary["round"].unique())
-        _check_parts(paths, ledger, done)
+        summary = read_summary(paths.summary, game.summary_columns,
+                               first_round=ledger.first_round)
+        done = sorted(int(r) for r in summary["round"].unique())  # numbered from 1
+        _check_parts(paths, ledger, [r - 1 for r in done])
     except CorruptFile as exc:
         raise ReportInputError(f"{exc}; {RESUME_REPAIRS}") from None
     rounds = read_rounds(path, columns=ROUND_COLUMNS)
@@ -134,7 +150,8 @@ def load_run(run_dir: str | Path, label: str | None = None) -> RunData:
 def _check_parts(paths: RunPaths, ledger: RunRecord, rounds: list[int]) -> None:
     """CorruptFile for the first population or round part the report would read that is
     missing or corrupt (a Parquet error deep inside pandas names no file). Sized by the
-    partitions run.json records (bounded when read), checked against each file's rows."""
+    partitions run.json records (bounded when read), checked against each file's rows.
+    ``rounds``: their indices, from 0."""
     bounds = ledger.partition_bounds()
     if any(paths.population.glob("part-*.parquet")):  # without any: no breakdown, no error
         for k, agents in enumerate(bounds):

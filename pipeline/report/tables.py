@@ -16,19 +16,33 @@ from scipy.special import stdtrit  # the t quantile, without importing all of sc
 
 from simpipe import population_mix as mix
 from simpipe.backends import BACKENDS
+from simpipe.games import validity
 from simpipe.games.base import Game, ReferenceTable
 from simpipe.report.load import RunData
+from simpipe.report.stats import group_tests
 
 CONFIDENCE = 0.95
 MAX_LEVELS = 12  # numeric attributes with more distinct values are binned
 N_BINS = 6
 
-ATTRIBUTE_COLUMNS = ["run", "attribute", "level", "round", "n", "mean", "sd", "ci_low", "ci_high"]
+ATTRIBUTE_COLUMNS = ["run", "attribute", "level", "round", "n", "n_valid", "valid_share", "mean",
+                     "sd", "ci_low", "ci_high", "valid_enough", "flag"]
+TEST_COLUMNS = ["run", "attribute", "round", "levels", "n", "kw_h", "kw_p", "epsilon_sq",
+                "trend_order", "trend_rho", "trend_p", "smallest_pair", "power_d02",
+                "power_d05", "valid_enough", "flag"]
+
+
+def with_flags(table: pd.DataFrame, n: str = "n", n_valid: str = "n_valid") -> pd.DataFrame:
+    """``table`` with ``valid_enough`` and ``flag`` (why not; "" where it is) from its
+    counts, by the one rule (``simpipe.games.validity``)."""
+    enough, flag = validity.flags(table[n], table[n_valid])
+    return table.assign(valid_enough=enough, flag=flag)
 
 
 def round_table(run: RunData) -> pd.DataFrame:
-    """Per round, the game's statistics (``Game.report_rounds``), with the run's label."""
-    table = run.game.report_rounds(run.rounds, run.summary)
+    """Per round, the game's statistics (``Game.report_rounds``), with the run's label and
+    each round's validity (``valid_enough``, ``flag``)."""
+    table = with_flags(run.game.report_rounds(run.rounds, run.summary))
     table.insert(0, "run", run.label)
     return table
 
@@ -49,9 +63,63 @@ def attribute_levels(population: pd.DataFrame, attribute: str,
 
 
 def attribute_table(run: RunData, attribute: str) -> pd.DataFrame:
-    """Per (level, round): n valid guesses, mean, sd and a t-based 95% CI of the mean."""
+    """Per (level, round): n answers, n valid, mean, sd and a t-based 95% CI of the mean
+    (only where the level is valid enough, ``simpipe.games.validity``)."""
+    frame = _levelled(run, attribute)
+    grouped = frame.groupby(["level", "round"], observed=True)["guess"]
+    table = grouped.agg(n="size", n_valid="count", mean="mean", sd="std").reset_index()
+    table["valid_share"] = table["n_valid"] / table["n"]
+    table = with_flags(table)
+    low, high = confidence_interval(table["mean"].to_numpy(), table["sd"].to_numpy(),
+                                    table["n_valid"].to_numpy())
+    enough = table["valid_enough"].to_numpy()
+    table["ci_low"] = np.where(enough, low, np.nan)
+    table["ci_high"] = np.where(enough, high, np.nan)
+    table["level"] = table["level"].astype(str)
+    table.insert(0, "attribute", attribute)
+    table.insert(0, "run", run.label)
+    return table[ATTRIBUTE_COLUMNS]
+
+
+def attribute_tests(run: RunData, attribute: str) -> pd.DataFrame:
+    """Per round, the valid answers compared across the attribute's levels that are valid
+    enough (``simpipe.report.stats.group_tests``): Kruskal-Wallis with epsilon squared, a
+    trend over the levels' order (Spearman with the level's rank: numeric ranges by value,
+    labels in the config's order) and the power of a t test between the two smallest levels
+    to detect d = 0.2 and d = 0.5."""
+    frame = _levelled(run, attribute)
+    numeric = not isinstance(run.population[attribute].dtype, pd.CategoricalDtype) and (
+        pd.api.types.is_numeric_dtype(run.population[attribute]))
+    order = "by value" if numeric else (
+        "config order" if run.attribute_order(attribute) else "alphabetical")
+    records = []
+    for r, part in frame.groupby("round", observed=True):
+        counts = part.groupby("level", observed=True)["guess"].agg(n="size", n_valid="count")
+        enough, flags = validity.flags(counts["n"], counts["n_valid"])
+        kept = [level for level, ok in zip(counts.index, enough, strict=True) if ok]
+        left = [f"{level}: {why}" for level, why in zip(counts.index, flags, strict=True) if why]
+        samples = [part.loc[(part["level"] == level) & part["guess"].notna(), "guess"]
+                   .to_numpy(dtype=np.float64) for level in kept]
+        result = group_tests(samples) if len(samples) >= 2 else {}
+        if len(samples) < 2:
+            left.insert(0, "fewer than two levels valid enough: no test")
+        if len(samples) >= 2:
+            smallest = sorted(range(len(kept)), key=lambda i: samples[i].size)[:2]
+            result["smallest_pair"] = " / ".join(f"{kept[i]} ({samples[i].size:,})"
+                                                 for i in sorted(smallest))
+        records.append({"run": run.label, "attribute": attribute, "round": int(r),
+                        "levels": len(kept), "n": int(sum(v.size for v in samples)),
+                        **result,
+                        "trend_order": order if np.isfinite(result.get("trend_p", np.nan))
+                        else None,
+                        "valid_enough": len(samples) >= 2, "flag": "; ".join(left)})
+    return pd.DataFrame.from_records(records, columns=TEST_COLUMNS)
+
+
+def _levelled(run: RunData, attribute: str) -> pd.DataFrame:
+    """Every answer (``guess`` NaN where invalid) with its agent's level and its round."""
     levels = attribute_levels(run.population, attribute, run.attribute_order(attribute))
-    rows = run.rounds.loc[run.rounds["guess"].notna(), ["agent_id", "round", "guess"]]
+    rows = run.rounds.loc[:, ["agent_id", "round", "guess"]]
     # A positional lookup on agent_id is much cheaper than a merge at a million agents.
     agent_ids = pd.Index(run.population["agent_id"].to_numpy())
     positions = agent_ids.get_indexer(rows["agent_id"].to_numpy())
@@ -61,15 +129,7 @@ def attribute_table(run: RunData, attribute: str) -> pd.DataFrame:
         "round": rows["round"].to_numpy()[known],
         "guess": rows["guess"].to_numpy()[known],
     })
-    grouped = frame.groupby(["level", "round"], observed=True)["guess"]
-    table = grouped.agg(n="size", mean="mean", sd="std").reset_index()
-    low, high = confidence_interval(table["mean"].to_numpy(), table["sd"].to_numpy(),
-                                    table["n"].to_numpy())
-    table["ci_low"], table["ci_high"] = low, high
-    table["level"] = table["level"].astype(str)
-    table.insert(0, "attribute", attribute)
-    table.insert(0, "run", run.label)
-    return table[ATTRIBUTE_COLUMNS]
+    return frame
 
 
 def confidence_interval(mean: np.ndarray, sd: np.ndarray, n: np.ndarray,
@@ -90,6 +150,8 @@ def run_table(runs: Sequence[RunData], round_tables: Sequence[pd.DataFrame]) -> 
             "backend": describe_backend(run.ledger.config_dict(), run.game),
             "n_agents": int(run.ledger.n_agents or rounds["n"].iloc[0]),
             "rounds": len(rounds),
+            "answers": run.answers_source,
+            "flag": _run_flag(rounds),
             **run.game.report_run(rounds),
             "tokens_in": int(run.rounds["tokens_in"].to_numpy().sum(dtype=np.int64)),
             "tokens_out": int(run.rounds["tokens_out"].to_numpy().sum(dtype=np.int64)),
@@ -98,14 +160,29 @@ def run_table(runs: Sequence[RunData], round_tables: Sequence[pd.DataFrame]) -> 
     return pd.DataFrame.from_records(records)
 
 
+def _run_flag(rounds: pd.DataFrame) -> str:
+    """The rounds of a run that are not valid enough, or ""."""
+    bad = rounds.loc[~rounds["valid_enough"].astype(bool)]
+    if not len(bad):
+        return ""
+    return "not valid enough: " + "; ".join(f"round {int(row['round'])}: {row['flag']}"
+                                            for _, row in bad.head(3).iterrows()) + (
+        f"; and {len(bad) - 3} more rounds" if len(bad) > 3 else "")
+
+
 def reference_tables(runs: Sequence[RunData],
                      round_tables: Sequence[pd.DataFrame]) -> list[ReferenceTable]:
-    """The game's comparison tables, each holding every run's records and notes."""
+    """The game's comparison tables, each holding every run's records and notes. A run of
+    synthetic answers (``simpipe.games.validity``) gets a note instead of records."""
     merged: dict[str, ReferenceTable] = {}
     for run, rounds in zip(runs, round_tables, strict=True):
         for table in run.game.report_references(run.label, rounds):
             into = merged.setdefault(table.key, ReferenceTable(
                 table.key, table.title, table.columns, table.citation))
+            if run.synthetic:
+                into.notes.append(f"{run.label}: not set beside published numbers: "
+                                  f"{validity.SYNTHETIC_WHY}")
+                continue
             into.records += table.records
             into.notes += [n for n in table.notes if n not in into.notes]
     return list(merged.values())

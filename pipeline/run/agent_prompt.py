@@ -45,7 +45,7 @@ class PromptUnavailable(SimpipeError, ValueError):
 @dataclass(frozen=True)
 class AgentPrompt:
     agent_id: int
-    round_index: int  # 0-based, as in the Parquet files
+    round_index: int  # from 0 (the round numbered round_index + 1)
     rounds_total: int
     group_id: int
     partition: int
@@ -63,7 +63,7 @@ class AgentPrompt:
         return "\n\n".join(f"[{m['role']}]\n{m['content']}" for m in self.prompt)
 
     def as_json(self) -> dict:
-        return {"agent_id": self.agent_id, "round": self.round_index,
+        return {"agent_id": self.agent_id, "round": self.round_index + 1,  # from 1
                 "rounds_total": self.rounds_total, "group_id": self.group_id,
                 "partition": self.partition, "style": self.style,
                 "prompt": self.prompt if isinstance(self.prompt, str) else list(self.prompt),
@@ -97,6 +97,7 @@ def rebuild_prompt(run_dir: str | Path, agent_id: int, round_index: int = 0,
         game = ledger.game()
     except CorruptFile as exc:
         raise PromptUnavailable(f"{exc}; restore it from a copy") from None
+    paths = ledger.run_paths(paths.root)  # its rounds' folders as the run numbers them
     n_agents, total = ledger.n_agents or 0, ledger.rounds_total or 0
     if not 0 <= agent_id < n_agents:
         raise PromptUnavailable(f"agent {agent_id}: the run has agents 0 to {n_agents - 1}")
@@ -158,7 +159,8 @@ def _rebuild(paths: RunPaths, ledger: RunRecord, game: Game, style: str, agent_i
         own[0, r] = row["guess"] if row["status"] == "ok" else np.nan
     feedback = np.empty((1, 0))
     if round_index:
-        summary = read_summary(resolve(paths.summary), game.summary_columns)
+        summary = read_summary(resolve(paths.summary), game.summary_columns,
+                               first_round=ledger.first_round)
         feedback = game.feedback_table(summary, int(groups.max()) + 1, round_index)[[group]]
     turn = Turn(game=game.config, seed=seed, round_index=round_index, partition=k,
                 past_feedback=feedback, past_answers=own if round_index else None)

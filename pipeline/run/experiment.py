@@ -45,6 +45,7 @@ from simpipe.config import (
     read_config_dict,
 )
 from simpipe.errors import SimpipeError
+from simpipe.games import validity
 from simpipe.records import CorruptFile
 from simpipe.run.console import LOGGER, Console
 from simpipe.run.executor import Executor, executor_for
@@ -54,6 +55,7 @@ from simpipe.store.experiment import (
     CellRecord,
     ExperimentRecord,
     experiment_file,
+    is_experiment_dir,
     read_experiment,
     write_experiment,
 )
@@ -148,10 +150,15 @@ def experiment_from_dict(raw: dict[str, Any], source: str = "config") -> Experim
         raise ConfigError(f"{source}: run.name and run.output_dir must be text")
     folder = Path(output_dir) / name
 
+    named = _recorded_names(folder, cell_names(section.grid))
+    _check_distinct(named, source)
     cells: list[Cell] = []
     problems: dict[str, list[str]] = {}
-    for cell_name, values in cell_names(section.grid):
+    for cell_name, values in named:
         cell_raw = _cell_dict(base, values, {"name": cell_name, "output_dir": str(folder)})
+        if (section.independent_draws and "run.seed" not in values
+                and isinstance(cell_raw.get("run"), dict)):
+            cell_raw["run"]["seed"] = cell_seed(run.get("seed", fields["seed"].default), values)
         try:
             cells.append(Cell(cell_name, values, config_from_dict(cell_raw, "@")))
         except ConfigError as exc:
@@ -162,6 +169,46 @@ def experiment_from_dict(raw: dict[str, Any], source: str = "config") -> Experim
     executor_raw = _cell_dict(base, cells[0].overrides, {"name": name, "output_dir": output_dir})
     executor_config = config_from_dict(executor_raw, f"{source}: the experiment's cluster")
     return Experiment(name, source, folder, dict(section.grid), tuple(cells), executor_config)
+
+
+def cell_seed(base_seed: Any, values: dict[str, Any]) -> Any:
+    """``experiment.independent_draws``: a cell's own ``run.seed``, from the base seed and
+    the cell's grid values (stable: the same grid gives the same seeds). Cells that share
+    the seed share every random draw of agents with the same id (population, scripted
+    answers, LLM sampling): their answers are paired samples, not independent ones."""
+    if not isinstance(base_seed, int) or isinstance(base_seed, bool):
+        return base_seed  # validation of the cell says what is wrong with it
+    text = json.dumps([base_seed, values], sort_keys=True, default=str)
+    return int(hashlib.sha256(text.encode()).hexdigest()[:15], 16)
+
+
+def _recorded_names(folder: Path, named: list[tuple[str, dict[str, Any]]]
+                    ) -> list[tuple[str, dict[str, Any]]]:
+    """The names ``cell_names`` gives, except where the folder's ``experiment.json`` names
+    a cell of the same values otherwise and that folder exists (an experiment begun when
+    names were made another way): it keeps its folder, so that it resumes, unless the name
+    is recorded for two cells or is another cell's now (``plan_cells`` then refuses to
+    replace it)."""
+    if not is_experiment_dir(folder):
+        return named
+    try:
+        record = read_experiment(folder)
+    except CorruptFile:
+        return named
+    owners: dict[str, list[str]] = {}
+    for recorded in record.cells:
+        owners.setdefault(recorded.name.lower(), []).append(_canonical(recorded.overrides))
+    by_values = {_canonical(c.overrides): c.name for c in record.cells
+                 if len(owners[c.name.lower()]) == 1}
+    names = [name for name, _ in named]
+    for index, (name, values) in enumerate(named):
+        old = by_values.get(_canonical(values))
+        if old is None or old == name or (folder / name).exists() \
+                or not (folder / old).is_dir():
+            continue
+        if old.lower() not in {n.lower() for i, n in enumerate(names) if i != index}:
+            names[index] = old
+    return [(name, values) for name, (_, values) in zip(names, named, strict=True)]
 
 
 def _problem_lines(problems: dict[str, list[str]], source: str) -> list[str]:
@@ -204,16 +251,80 @@ def cell_names(grid: dict[str, list[Any]]) -> list[tuple[str, dict[str, Any]]]:
     """Every combination of the grid (the first key varies slowest) with its folder name:
     ``<key>-<value>`` per grid key, joined by ``__`` (``prompt-cot__ratio-2_3``); the key is
     its last part unless two keys share it. Stable (the same grid gives the same names),
-    a valid ``run.name``, and distinct (a hash is added where two would collide)."""
+    a valid ``run.name``, and distinct by construction, also ignoring case (a folder name on
+    macOS or Windows):
+
+    - a grid key's value is named by its text (``/`` and other characters a folder cannot
+      hold as ``_``) when no other value of that key gives the same text; where several do,
+      a value whose text is the value itself (``You_are_x``) keeps it and the others are
+      hashed;
+    - a hashed cell (such a value, a long name) is ``<readable part>__h<hash of its values>``.
+      Every ``__``-separated part of an unhashed name holds a ``-`` (``key-value``), so no
+      unhashed name ends the way a hashed one does, and hashed names differ by their values'
+      hash. ``_check_distinct`` refuses the grid should two names still meet (a hash
+      collision)."""
     keys = list(grid)
     labels = _key_labels(keys)
-    combos = [dict(zip(keys, values, strict=True)) for values in product(*grid.values())]
-    names = ["__".join(_part(labels[k], v) for k, v in combo.items()) for combo in combos]
-    names = [_fit(n, combo) for n, combo in zip(names, combos, strict=True)]
-    counts = {n: names.count(n) for n in names}
-    names = [_fit(f"{n}-{_hash(combo)}", combo) if counts[n] > 1 else n
-             for n, combo in zip(names, combos, strict=True)]
-    return list(zip(names, combos, strict=True))
+    plain = {key: _plain_parts(labels[key], values) for key, values in grid.items()}
+    named = []
+    for picks in product(*(range(len(values)) for values in grid.values())):
+        combo = {key: grid[key][i] for key, i in zip(keys, picks, strict=True)}
+        parts = [plain[key][i] for key, i in zip(keys, picks, strict=True)]
+        readable = "__".join(_part(labels[key], combo[key]) for key in keys)
+        if all(part is not None for part in parts) and DIR_NAME.fullmatch(readable):
+            named.append((readable, combo))
+        else:
+            named.append((_hashed_name(readable, combo), combo))
+    return named
+
+
+_HASH_MARK = "__h"  # a hashed cell name ends with it and a hash of the cell's values
+
+
+def _plain_parts(label: str, values: list[Any]) -> list[str | None]:
+    """Each value's ``label-text`` part of a cell name, or None where it must be hashed: its
+    text (ignoring case) is also another value's and it is not the value itself."""
+    parts = [_part(label, value) for value in values]
+    groups: dict[str, list[int]] = {}
+    for index, part in enumerate(parts):
+        groups.setdefault(part.lower(), []).append(index)
+    plain: list[str | None] = [None] * len(values)
+    for members in groups.values():
+        exact = [i for i in members if _is_exact(values[i])]
+        if len(members) == 1:
+            plain[members[0]] = parts[members[0]]
+        elif len(exact) == 1:  # 'x_y' keeps its name beside 'x y' and 'x/y'
+            plain[exact[0]] = parts[exact[0]]
+    return plain
+
+
+def _is_exact(value: Any) -> bool:
+    """Whether a value is text that names itself in a cell name (its own slug)."""
+    return isinstance(value, str) and 0 < len(value) <= _TOKEN_CHARS and _clean(value) == value
+
+
+def _hashed_name(readable: str, combo: dict[str, Any]) -> str:
+    suffix = f"{_HASH_MARK}{_hash(combo, 10)}"
+    prefix = readable[:128 - len(suffix)].rstrip("_")
+    name = f"{prefix}{suffix}"
+    return name if DIR_NAME.fullmatch(name) else f"cell{suffix}"
+
+
+def _check_distinct(named: list[tuple[str, dict[str, Any]]], source: str) -> None:
+    """ConfigError naming the values of two cells that would share a folder (the names of
+    ``cell_names`` never do; a guard for a hash collision or a name kept from an earlier
+    run)."""
+    seen: dict[str, dict[str, Any]] = {}
+    for name, values in named:
+        other = seen.setdefault(name.lower(), values)
+        if other is not values:
+            raise ConfigError(f"{source}: experiment cells {_shown(other)} and "
+                              f"{_shown(values)} would share the folder {name}; change one "
+                              "of the values")
+
+
+def _shown(values: dict[str, Any]) -> str:
+    return "(" + ", ".join(f"{k}={v!r}" for k, v in values.items()) + ")"
 
 
 def _key_labels(keys: list[str]) -> dict[str, str]:
@@ -250,18 +361,13 @@ def _clean(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9.-]+", "_", text).strip("_")
 
 
-def _hash(value: Any) -> str:
-    text = json.dumps(value, sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:8]
+def _hash(value: Any, length: int = 8) -> str:
+    return hashlib.sha256(_canonical(value).encode()).hexdigest()[:length]
 
 
-def _fit(name: str, combo: dict[str, Any]) -> str:
-    """A valid run.name: at most 128 characters, starting with a letter or digit."""
-    if len(name) > 128:
-        name = f"{name[:118]}-{_hash(combo)}"
-    if not DIR_NAME.fullmatch(name):
-        name = f"cell-{_hash(combo)}"
-    return name
+def _canonical(value: Any) -> str:
+    """The exact value as text: ``2``, ``2.0``, ``"2"`` and ``true`` all differ."""
+    return json.dumps(value, sort_keys=True, default=str)
 
 
 # --- planning -------------------------------------------------------------------------------
@@ -277,7 +383,12 @@ class _Plan:
 def plan_cells(experiment: Experiment, force: bool = False) -> list[_Plan]:
     """What each cell needs, decided from its folder before anything starts: skip (finished,
     same config), resume (same config, not finished), start (no run yet), replace
-    (``force``). RunDirError naming every cell whose folder holds another config's run."""
+    (``force``). RunDirError naming every cell whose folder holds another config's run, and,
+    ``force`` or not, when two cells would share a folder or a cell's folder holds the run
+    of another cell of this experiment: ``force`` replaces a cell's own run only."""
+    _check_one_folder_per_cell(experiment)
+    owners = _recorded_owners(experiment.folder)
+    current = {_canonical(c.overrides): c for c in experiment.cells}
     plans, problems = [], []
     for cell in experiment.cells:
         ledger_path = RunPaths(cell.run_dir).ledger
@@ -293,7 +404,14 @@ def plan_cells(experiment: Experiment, force: bool = False) -> list[_Plan]:
                 problems.append(f"cell {cell.name}: {exc}; pass --force to start it over")
             continue
         same = record.config_hash == cell.config.results_hash()
-        if force:
+        other = None if same else _other_cells_run(cell, record.config_hash, owners, current)
+        if other is not None:
+            problems.append(f"cell {cell.name}: {cell.run_dir} holds the run of the cell "
+                            f"{other.name} {_shown(other.overrides)} of this experiment "
+                            "(made when it had that folder's name); --force replaces a cell's "
+                            "own run only: move the folder to "
+                            f"{other.run_dir} to keep it, or set experiment.name to a new name")
+        elif force:
             plans.append(_Plan(cell, "replace", record.state))
         elif not same:
             problems.append(f"cell {cell.name}: {cell.run_dir} holds a run made from a different "
@@ -308,6 +426,50 @@ def plan_cells(experiment: Experiment, force: bool = False) -> list[_Plan]:
     if problems:
         raise RunDirError("\n".join(problems[:MAX_ERROR_LINES]))
     return plans
+
+
+def _check_one_folder_per_cell(experiment: Experiment) -> None:
+    """RunDirError when two cells have one folder (ignoring case: one folder on macOS and
+    Windows); ``load_experiment`` never makes such cells."""
+    seen: dict[str, Cell] = {}
+    for cell in experiment.cells:
+        other = seen.setdefault(str(cell.run_dir).lower(), cell)
+        if other is not cell:
+            raise RunDirError(f"cells {other.name} {_shown(other.overrides)} and {cell.name} "
+                              f"{_shown(cell.overrides)} would share the folder "
+                              f"{cell.run_dir}; nothing was started")
+
+
+def _other_cells_run(cell: Cell, config_hash: str, owners: dict[str, list[str]],
+                     current: dict[str, Cell]) -> Cell | None:
+    """The other cell of the experiment whose run ``cell``'s folder holds (``config_hash``):
+    one that ``experiment.json`` records under that folder's name and whose config, named
+    so, has that hash."""
+    for values in owners.get(cell.name.lower(), []):
+        other = current.get(values)
+        if other is None or other is cell:
+            continue
+        config = other.config
+        named = config.with_sections(run=config.run.model_copy(update={"name": cell.name}))
+        if named.results_hash() == config_hash:
+            return other
+    return None
+
+
+def _recorded_owners(folder: Path) -> dict[str, list[str]]:
+    """Cell folder name (lower case) -> the values (``_canonical``) that ``experiment.json``
+    records for it, one or (written before names were distinct) more; empty without a
+    readable one."""
+    if not is_experiment_dir(folder):
+        return {}
+    try:
+        record = read_experiment(folder)
+    except CorruptFile:
+        return {}
+    owners: dict[str, list[str]] = {}
+    for cell in record.cells:
+        owners.setdefault(cell.name.lower(), []).append(_canonical(cell.overrides))
+    return owners
 
 
 def _check_folder(experiment: Experiment) -> None:
@@ -383,9 +545,77 @@ def run_experiment(experiment: Experiment, *, force: bool = False,
     return state.result
 
 
+@dataclass(frozen=True)
+class CellCost:
+    """What one finished cell cost in this invocation: the wall time of its rounds, the
+    agent-rounds they played, and the rest of its wall time (population, start-up)."""
+
+    kind: tuple[str, bool]  # ``cost_kind`` of its config
+    rounds_s: float
+    agent_rounds: int
+    other_s: float
+
+    @classmethod
+    def of(cls, config: Config, round_times: list[float], wall_s: float) -> CellCost:
+        rounds_s = float(sum(round_times))
+        return cls(cost_kind(config), rounds_s, config.population.size * len(round_times),
+                   max(0.0, wall_s - rounds_s))
+
+
+def cost_kind(config: Config) -> tuple[str, bool]:
+    """Cells priced alike: the same back-end, and a chain of thought (free text, hundreds of
+    tokens per answer) or not."""
+    return config.agents.backend, bool(config.game.free_text_answer)
+
+
+def _kind_label(kind: tuple[str, bool]) -> str:
+    return f"{'chain-of-thought' if kind[1] else 'one-number'} {kind[0]}"
+
+
+def experiment_eta(measured: list[CellCost],
+                   remaining: list[tuple[Config, int]]) -> tuple[float, str]:
+    """(seconds left, a note) for the ``remaining`` cells (config, rounds still to play) from
+    the cells ``measured`` so far: each priced at the measured seconds per agent-round of
+    cells of its kind (``cost_kind``) times its agents x rounds, plus the mean other time of
+    a cell. A kind not measured yet is priced as the slowest measured kind of its back-end
+    (else of any), and the note says so."""
+    if not measured or not remaining:
+        return 0.0, ""
+    rates: dict[tuple[str, bool], tuple[float, int]] = {}
+    for cost in measured:
+        seconds, agent_rounds = rates.get(cost.kind, (0.0, 0))
+        rates[cost.kind] = (seconds + cost.rounds_s, agent_rounds + cost.agent_rounds)
+    per = {kind: s / n if n else 0.0 for kind, (s, n) in rates.items()}
+    other = sum(c.other_s for c in measured) / len(measured)
+    eta, guessed = 0.0, {}
+    for config, rounds in remaining:
+        kind = cost_kind(config)
+        rate = per.get(kind)
+        if rate is None:
+            alike = [k for k in per if k[0] == kind[0]] or list(per)
+            stand_in = max(alike, key=lambda k: per[k])
+            rate = per[stand_in]
+            guessed[kind] = stand_in
+        eta += other + rate * config.population.size * max(rounds, 0)
+    note = "; ".join(f"no {_kind_label(k)} cell measured yet, priced as {_kind_label(v)}"
+                     for k, v in guessed.items())
+    return eta, note
+
+
+def _rounds_left(plan: _Plan) -> int:
+    """The rounds a cell still has to play (a resumed one: those its run.json lacks)."""
+    rounds = plan.cell.config.game.rounds
+    if plan.action != "resume":
+        return rounds
+    try:
+        return rounds - read_ledger(RunPaths(plan.cell.run_dir).ledger).rounds_done
+    except CorruptFile:
+        return rounds
+
+
 def _run_cells(executor: Executor, state: _State, console: Console, cancel: Path) -> None:
     started = time.perf_counter()
-    walls: list[float] = []
+    measured: list[CellCost] = []
     total = len(state.plans)
     left = sum(p.action != "skip" for p in state.plans)
     for index, plan in enumerate(state.plans, start=1):
@@ -418,25 +648,36 @@ def _run_cells(executor: Executor, state: _State, console: Console, cancel: Path
                          "run the experiment again to resume it")
             raise
         wall = time.perf_counter() - t0
-        walls.append(wall)
+        measured.append(CellCost.of(cell.config, result.round_times, wall))
         left -= 1
         state.set_cell(cell, "finished", wall_s=result.wall_s)
-        eta = sum(walls) / len(walls) * left
+        # Priced per agent-round of what is left, not per cell: cells differ in agents,
+        # rounds and (a chain of thought) seconds per answer.
+        eta, note = experiment_eta(measured, [(p.cell.config, _rounds_left(p))
+                                              for p in state.plans[index:]
+                                              if p.action != "skip"])
         console.line(f"{where}: finished in {_duration(wall)}{_first_round(result.run_dir)}; "
                      f"{index}/{total} cells done, "
-                     + (f"ETA {_duration(eta)}" if left else
+                     + (f"ETA {_duration(eta)}" + (f" ({note})" if note else "") if left else
                         f"experiment done in {_duration(time.perf_counter() - started)}"))
     state.finish()
 
 
 def _first_round(run_dir: Path) -> str:
+    """The cell's first-round mean with its n and, where the validity rule
+    (``simpipe.games.validity``) says so, why it is not to be read as data."""
     try:
-        first = read_ledger(RunPaths(run_dir).ledger).round(0)
+        ledger = read_ledger(RunPaths(run_dir).ledger)
     except CorruptFile:
         return ""
+    first = ledger.round(0)
     if first is None or first.mean is None:
         return ""
-    return f" (first-round mean {first.mean:.2f})"
+    why = validity.problem(first.n, first.n_valid)
+    marks = [m for m in (f"NOT VALID ENOUGH: {why}" if why else "",
+                         validity.source_label(ledger.answers_source)) if m]
+    return (f" (first-round mean {first.mean:.2f}, n {first.n_valid:,} valid of {first.n:,}"
+            + "".join(f"; {m}" for m in marks) + ")")
 
 
 def _duration(seconds: float) -> str:

@@ -30,13 +30,19 @@ prompt, so a round's token columns still sum to what the model spent.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
-from pathlib import Path
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
 from distributed import Client, Future
 
+from simpipe.agents.answer_methods import (
+    LAZY_METHODS,
+    METHODS,
+    AnswerCosts,
+    answer_costs,
+    methods_record,
+)
 from simpipe.agents.llm import _prompt_key, distinct_prompts
 from simpipe.agents.registry import (
     backend_supports_distributions,
@@ -53,6 +59,7 @@ from simpipe.agents.shared_answers import (
 from simpipe.config import Config
 from simpipe.games.registry import game_for
 from simpipe.inference.answer_distribution import AnswerDistribution
+from simpipe.inference.cost_model import approx_tokens
 from simpipe.inference.llamacpp_sampler import ChainSettings
 from simpipe.population_mix import mix_attribute
 from simpipe.run.round_task import (
@@ -61,7 +68,6 @@ from simpipe.run.round_task import (
     partition_turn,
     play_partition,
 )
-from simpipe.store.layout import RunPaths
 
 #: Most prompts per stage-2 task: a distribution is ~22 one-token calls (~0.5 s on 2 cores),
 #: so a chunk is seconds of work, and a round of ~1,000 prompts is ~130 tasks to spread.
@@ -106,6 +112,10 @@ class PromptTally:
     # Per prompt, the hash of its text before the last two lines (``prompt_group``); None:
     # each prompt a group of its own.
     groups: np.ndarray | None = None
+    # Per prompt, its tokens and those of its last two lines (``approx_tokens``): what the
+    # plan prices (``simpipe.agents.answer_methods``); None: unknown (priced as 1 and 1).
+    tokens: np.ndarray | None = None
+    own_tokens: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -118,7 +128,7 @@ class PartitionPrompts:
 
 def partition_prompts(job: PartitionJob, feedback: np.ndarray) -> PartitionPrompts:
     """Stage 1 (a worker task): render this partition's distinct prompts, as its play will."""
-    paths = RunPaths(Path(job.run_dir))
+    paths = job.paths
     played = not paths.round_part(job.round_index, job.partition).exists()
     agents = pd.read_parquet(paths.population_part(job.partition))
     turn = partition_turn(job, feedback, len(agents), needs_own_answers=True)
@@ -127,8 +137,12 @@ def partition_prompts(job: PartitionJob, feedback: np.ndarray) -> PartitionPromp
     hashes = np.fromiter((prompt_hash(k) for k in keys), np.uint64, len(keys))
     counts = np.bincount(codes, minlength=len(keys)).astype(np.int64)
     groups = np.fromiter((prompt_group(k) for k in keys), np.uint64, len(keys))
+    tokens = np.fromiter((approx_tokens(len(k)) for k in keys), np.int64, len(keys))
+    own = np.fromiter((approx_tokens(len(k) - len(k.rsplit("\n", 2)[0])) for k in keys),
+                      np.int64, len(keys))
     order = np.argsort(hashes, kind="stable")
-    tally = PromptTally(job.partition, played, hashes[order], counts[order], groups[order])
+    tally = PromptTally(job.partition, played, hashes[order], counts[order], groups[order],
+                        tokens[order], own[order])
     return PartitionPrompts(tally, {int(h): k for h, k in zip(hashes.tolist(), keys, strict=True)})
 
 
@@ -156,6 +170,9 @@ class Layout:
     owned: dict[int, np.ndarray]  # partition -> hashes whose cost its agents carry
     # Per chunk, the round's agents on each of its prompts (a tree's pruning follows it).
     agents: list[np.ndarray]
+    # How the round's distinct prompts are answered (run.json's ``answer_methods``:
+    # ``simpipe.agents.answer_methods.methods_record``).
+    methods: dict = field(default_factory=dict)
 
     @property
     def planned(self) -> int:
@@ -163,10 +180,14 @@ class Layout:
 
 
 def layout(tallies: Sequence[PromptTally], min_agents: int,
-           chunk_prompts: int | None = None, lazy_walks: bool = False) -> Layout:
+           chunk_prompts: int | None = None, lazy_walks: bool = False,
+           costs: AnswerCosts | None = None) -> Layout:
     """Merge the partitions' tallies: the round's distinct prompts with their agents, the
     ones worth a distribution (held by a partition still to be played) in chunks of
-    ``chunk_prompts`` (by default ``chunk_size`` of their number)."""
+    ``chunk_prompts`` (by default ``chunk_size`` of their number). Worth one: by the
+    embedded engine's measured rule (``lazy_walks``), else the cheapest of the back-end's
+    ways to answer a prompt (``costs``: ``simpipe.agents.answer_methods``), else held by
+    ``min_agents``; all on the round's counts."""
     tallies = sorted(tallies, key=lambda t: t.partition)
     if not tallies:
         return Layout(0, [], {}, [])
@@ -181,8 +202,13 @@ def layout(tallies: Sequence[PromptTally], min_agents: int,
     uniq, first_row, inverse = np.unique(hashes, return_index=True, return_inverse=True)
     total = np.bincount(inverse, weights=counts, minlength=uniq.size).astype(np.int64)
     needed = np.bincount(inverse, weights=played, minlength=uniq.size) > 0
-    worth = np.fromiter((worth_a_distribution(int(n), min_agents, lazy_walks)
-                         for n in total.tolist()), bool, total.size)
+    if costs is not None and not lazy_walks:
+        worth, methods = _priced(tallies, costs, first_row, inverse, counts, total)
+    else:
+        worth = np.fromiter((worth_a_distribution(int(n), min_agents, lazy_walks)
+                             for n in total.tolist()), bool, total.size)
+        methods = methods_record(worth.astype(np.int64),
+                                 LAZY_METHODS if lazy_walks else ("calls", "tree"), total)
     pick = worth & needed
     # By group, then hash: prompts that differ only in their last lines go to one chunk.
     order = np.lexsort((uniq[pick], groups[first_row][pick]))
@@ -200,7 +226,28 @@ def layout(tallies: Sequence[PromptTally], min_agents: int,
     for h, k in first.items():
         owned.setdefault(k, []).append(h)
     return Layout(int(uniq.size), chunks,
-                  {k: np.array(sorted(v), np.uint64) for k, v in owned.items()}, agents)
+                  {k: np.array(sorted(v), np.uint64) for k, v in owned.items()}, agents,
+                  methods)
+
+
+def _priced(tallies: Sequence[PromptTally], costs: AnswerCosts, first_row: np.ndarray,
+            inverse: np.ndarray, counts: np.ndarray,
+            total: np.ndarray) -> tuple[np.ndarray, dict]:
+    """Per distinct prompt, whether its cheapest method is a tree, and the round's
+    ``answer_methods`` with the predicted cost (``samples`` as the partitions send them:
+    one request per partition and ``cap`` agents)."""
+    ones = [np.ones(t.hashes.size, np.int64) for t in tallies]
+    tokens = np.concatenate([o if t.tokens is None else t.tokens
+                             for t, o in zip(tallies, ones, strict=True)])[first_row]
+    own = np.concatenate([o if t.own_tokens is None else t.own_tokens
+                          for t, o in zip(tallies, ones, strict=True)])[first_row]
+    chosen = costs.choose(total, tokens, own)
+    requests = np.bincount(inverse, weights=np.ceil(counts / costs.samples_cap),
+                           minlength=total.size)
+    prices = costs.prices(total, tokens, own, requests)
+    predicted = float(prices[chosen, np.arange(total.size)].sum()) if total.size else 0.0
+    return (chosen == METHODS.index("tree"),
+            methods_record(chosen, METHODS, total, predicted, costs.model.source))
 
 
 @dataclass(frozen=True)
@@ -298,7 +345,7 @@ def plan_round(client: Client, config: Config, jobs: Sequence[PartitionJob], fee
                  for k, f in enumerate(found)]
     wait(tallies_f, "prompts")
     plan = layout(client.gather(tallies_f), config.agents.share_min_agents,
-                  lazy_walks=backend_walks_lazily(config.agents))
+                  lazy_walks=backend_walks_lazily(config.agents), costs=answer_costs(config))
     if not plan.chunks:
         return RoundPlan(plan, [])
     chosen = np.concatenate(plan.chunks)

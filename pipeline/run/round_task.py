@@ -57,6 +57,11 @@ class PartitionJob:
     partition: int
     group_ids: np.ndarray  # the group of each agent in this partition, in agent_id order
     progress_topic: str = ""  # where the task reports agents answered (simpipe.agents.progress)
+    first_round: int = 1  # the run's first round's number on disk (RunPaths.first_round)
+
+    @property
+    def paths(self) -> RunPaths:
+        return RunPaths(Path(self.run_dir), self.first_round)
 
 
 @dataclass
@@ -83,7 +88,7 @@ def play_partition(job: PartitionJob, feedback: np.ndarray,
 
 def _play(job: PartitionJob, feedback: np.ndarray,
           planned: Mapping[str, Any] | None) -> PartitionOutcome:
-    paths = RunPaths(Path(job.run_dir))
+    paths = job.paths
     out = paths.round_part(job.round_index, job.partition)
     set_aside = ""
     if out.exists():
@@ -123,7 +128,7 @@ def partition_turn(job: PartitionJob, feedback: np.ndarray, n_agents: int,
     """What the partition's agents know this round (their own answers only if asked)."""
     past_answers = None
     if needs_own_answers and job.round_index > 0:
-        past_answers = read_own_answers(RunPaths(Path(job.run_dir)), job.partition,
+        past_answers = read_own_answers(job.paths, job.partition,
                                         job.round_index)
     return Turn(
         game=job.config.game,
@@ -134,6 +139,7 @@ def partition_turn(job: PartitionJob, feedback: np.ndarray, n_agents: int,
                        else np.empty((n_agents, 0))),
         past_answers=past_answers,
         planned=planned or {},
+        plan_decides=planned is not None,
     )
 
 
@@ -158,6 +164,6 @@ def _outcome(job: PartitionJob, rows: pd.DataFrame, stats: DecisionStats, reused
         stats=stats,
         set_aside=set_aside,
         by_value=partition_counts(job.config.agents,
-                                  RunPaths(Path(job.run_dir)).population_part(job.partition),
+                                  job.paths.population_part(job.partition),
                                   rows),
     )

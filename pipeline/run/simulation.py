@@ -2,12 +2,12 @@
 
 Each round is one Dask task per population partition (``round_task.play_partition``), all
 submitted at once; the game's reduce of their partials runs here (``simpipe.games``), and the
-number announced to each group (the beauty contest's winning number, the public goods game's
-total contribution) is fed to the next round. Partitions and rounds already on disk are
-skipped, which is what ``--resume`` relies on; each is checked first (``simpipe.store.integrity``):
-a corrupt part file is moved aside and its partition played again, a finished round with
-one is played (its good parts reused) and reduced again, and a corrupt ``summary.parquet``
-is rebuilt from the round files.
+number announced to each group (the beauty contest's target, told as the winning number; the
+public goods game's total contribution) is fed to the next round. Partitions and rounds
+already on disk are skipped, which is what ``--resume`` relies on; each is checked first
+(``simpipe.store.integrity``): a corrupt part file is moved aside and its partition played
+again, a finished round with one is played (its good parts reused) and reduced again, and a
+corrupt ``summary.parquet`` is rebuilt from the round files.
 
 Why tasks over partition files rather than ``dask.dataframe.map_partitions``: the
 dataframe optimizer may fuse small Parquet files into one partition, and the output layout
@@ -26,6 +26,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 from distributed import Client, Future, as_completed
 
+from simpipe.agents.answer_methods import record_spent
 from simpipe.agents.mix import round_split, round_text
 from simpipe.agents.progress import ProgressWatch
 from simpipe.agents.registry import (
@@ -54,8 +55,8 @@ from simpipe.run.round_progress import LINE_EVERY_S, RoundMeter, RoundSnapshot, 
 from simpipe.run.round_task import ROW_COLUMNS, PartitionJob, PartitionOutcome, play_partition
 from simpipe.run.sigterm import sigterm_as_interrupt
 from simpipe.store.integrity import read_summary, round_problems
-from simpipe.store.layout import RunPaths
-from simpipe.store.ledger import Ledger, RunDirError, open_run_dir
+from simpipe.store.layout import RunPaths, as_stored
+from simpipe.store.ledger import Ledger, RunDirError, answers_source, open_run_dir
 from simpipe.store.owner import this_process
 from simpipe.store.record import read_ledger
 
@@ -146,6 +147,7 @@ def _run(executor: Executor, config: Config, resume: bool, force: bool, console:
     if not force:
         _check_ledger(paths)
     ledger = open_run_dir(paths, config, resume=resume, force=force)
+    paths = ledger.paths  # a run begun before rounds were numbered from 1 keeps its numbers
     console.attach_log(paths.log)
     started = time.perf_counter()
     # Partitions report agents answered as they play (simpipe.agents.progress).
@@ -163,7 +165,8 @@ def _run(executor: Executor, config: Config, resume: bool, force: bool, console:
         ledger.set_state("running", scheduler=dask_client.scheduler.address,
                          **this_process())
         result = _run_rounds(dask_client, config, paths, ledger, console, observer, watch)
-        report_estimate(config, ledger, console)  # emulated servers only: the real run
+        # emulated servers only: the real run, and what each planned round cost the fleet
+        ledger.record_spent(record_spent(report_estimate(config, ledger, console)))
     except RunCancelled:
         ledger.set_state("interrupted")
         console.line(f"cancelled; resume with: simpipe run CONFIG --resume  ({paths.root})")
@@ -201,7 +204,8 @@ def _run_rounds(client: Client, config: Config, paths: RunPaths, ledger: Ledger,
     bounds = partition_bounds(size, n_parts)
     game = game_for(config.game)
     summary = _read_summary(paths, ledger, console, game)
-    done_rounds = set(summary["round"].tolist()) if len(summary) else set()
+    # Indices from 0; a summary numbers rounds from 1.
+    done_rounds = {n - 1 for n in summary["round"].tolist()} if len(summary) else set()
     done_rounds -= _rounds_with_corrupt_parts(paths, done_rounds, bounds, console)
     counters = _CounterWatch(client, ledger)
     token = uuid.uuid4().hex[:8]  # task keys unique per invocation, even on a shared cluster
@@ -221,7 +225,7 @@ def _run_rounds(client: Client, config: Config, paths: RunPaths, ledger: Ledger,
                                              feedback, token, watch.topic)
         rows = game.reduce([o.partial for o in outcomes], r)
         summary = _with_round(summary, rows, r)
-        write_parquet_atomic(summary, paths.summary)
+        write_parquet_atomic(as_stored(summary, paths.first_round), paths.summary)
         elapsed = time.perf_counter() - t_round
         round_times.append(elapsed)
         record = {**_round_record(game, rows, outcomes, elapsed, started_at), **plan_numbers}
@@ -240,7 +244,8 @@ def _play_round(client: Client, config: Config, paths: RunPaths, meter: RoundMet
                 groups: np.ndarray, bounds: list[tuple[int, int]], feedback: np.ndarray,
                 token: str, progress_topic: str) -> tuple[list[PartitionOutcome], dict]:
     feedback_future = _on_workers(client, feedback)
-    jobs = [PartitionJob(config, str(paths.root), r, k, groups[a:b], progress_topic)
+    jobs = [PartitionJob(config, str(paths.root), r, k, groups[a:b], progress_topic,
+                         paths.first_round)
             for k, (a, b) in enumerate(bounds)]
     plan = None
     if plans_rounds(config):
@@ -280,7 +285,8 @@ def _play_round(client: Client, config: Config, paths: RunPaths, meter: RoundMet
                 raise RunCancelled(str(paths.root))
     finally:
         meter.close()
-    numbers = ({"planned_prompts": plan.layout.planned, "plan_s": round(plan_s, 3)}
+    numbers = ({"planned_prompts": plan.layout.planned, "plan_s": round(plan_s, 3),
+                "answer_methods": plan.layout.methods}
                if plan is not None else {})
     return sorted(outcomes, key=lambda o: o.partition), numbers
 
@@ -353,14 +359,14 @@ def answers_failed(result: RunResult) -> str | None:
     return (f"every answer failed: {errors:,} of {n:,} agent answers in "
             f"{summary['round'].nunique()} round(s) have status \"error\"; the reasons are "
             f"in the error column of {rounds} (simpipe.read_rounds), the first: "
-            f"{_first_error(result.run_dir, int(summary['round'].min()))}")
+            f"{_first_error(result.run_dir, int(summary['round'].min()) - 1)}")
 
 
 def _first_error(run_dir: Path, round_index: int) -> str:
     """The error of the first agent of a round's first part file (cut to 200 characters)."""
     try:
-        column = pq.read_table(RunPaths(run_dir).round_part(round_index, 0),
-                               columns=["error"]).column(0)
+        paths = read_ledger(RunPaths(run_dir).ledger).run_paths(run_dir)
+        column = pq.read_table(paths.round_part(round_index, 0), columns=["error"]).column(0)
     except (OSError, ValueError, KeyError) as exc:  # the file is gone or damaged since
         return f"(not readable: {exc})"
     first = next((text for text in column.to_pylist() if text), "")
@@ -409,22 +415,23 @@ def _check_ledger(paths: RunPaths) -> None:
 
 def _read_summary(paths: RunPaths, ledger: Ledger, console: Console,
                   game: Game) -> pd.DataFrame:
-    """The summary rows of the rounds the ledger records as complete. A completed round
-    without rows (a corrupt summary.parquet is moved aside) is played and reduced again
-    from its part files."""
+    """The summary rows of the rounds the ledger records as complete (numbered from 1). A
+    completed round without rows (a corrupt summary.parquet is moved aside) is played and
+    reduced again from its part files."""
     completed = ledger.completed_rounds()
     if not completed:
         return pd.DataFrame()
     try:
-        summary = read_summary(paths.summary, game.summary_columns)
+        summary = read_summary(paths.summary, game.summary_columns,
+                               first_round=paths.first_round)
     except CorruptFile as exc:
         aside = (f"moved aside to {move_aside(paths.summary).name}, "
                  if paths.summary.exists() else "")
         console.warn(f"{exc}; {aside}rebuilding it from the round files")
         return pd.DataFrame()
     # Rounds reduced after the last ledger save are redone; the ledger is the authority.
-    summary = summary[summary["round"].isin(completed)].reset_index(drop=True)
-    lost = sorted(set(completed) - set(summary["round"].tolist()))
+    summary = summary[summary["round"].isin([r + 1 for r in completed])].reset_index(drop=True)
+    lost = sorted(set(completed) - {n - 1 for n in summary["round"].tolist()})
     if lost:
         console.warn(f"{paths.summary}: no rows for round(s) "
                      f"{', '.join(str(r + 1) for r in lost)} that run.json records as complete; "
@@ -447,10 +454,11 @@ def _rounds_with_corrupt_parts(paths: RunPaths, rounds: set[int],
 
 
 def _with_round(summary: pd.DataFrame, rows: pd.DataFrame, r: int) -> pd.DataFrame:
-    """``summary`` with round ``r``'s rows (replacing any), in (round, group) order."""
+    """``summary`` with round ``r``'s rows (replacing any), in (round, group) order; ``r``
+    from 0, the summary's rounds numbered from 1."""
     if not len(summary):
         return rows
-    kept = summary[summary["round"] != r]
+    kept = summary[summary["round"] != r + 1]
     if not len(kept):
         return rows
     merged = pd.concat([kept, rows], ignore_index=True)
@@ -546,10 +554,16 @@ def _round_line(config: Config, game: Game, r: int, rows: pd.DataFrame, record: 
         f"(unparsed {record['n_unparsed']}, out_of_range {record['n_out_of_range']}, "
         f"error {record['n_error']}{_cot_counts(record)})  {record['elapsed_s']:.1f}s  "
         f"{_rate(record['agents_per_s'])} agents/s  ({game.reference_text(r)})"
+        + ("  [synthetic answers: emulated servers, not a model]"
+           if answers_source(config) == "synthetic" else "")
     )
     if uses_llm(config.agents) and record["distinct_prompts"]:
-        line += (f"\n  {record['distinct_prompts']:,} distinct prompts, sharing factor "
-                 f"{record['sharing_factor']:,.1f}, {record['model_calls']:,} model calls, "
+        # A sharing factor only where answers were shared: identical prompts answered one
+        # call each share nothing.
+        line += (f"\n  {record['distinct_prompts']:,} distinct prompts, "
+                 + (f"sharing factor {record['sharing_factor']:,.1f}, "
+                    if record["shared_agents"] else "answers not shared, ")
+                 + f"{record['model_calls']:,} model calls, "
                  f"{record['shared_agents']:,} answers drawn from shared distributions")
         if record["fallback_prompts"]:
             line += f", {record['fallback_prompts']} prompts fell back to one call per agent"

@@ -27,6 +27,9 @@ backtracking (``regex_automaton``): a pattern past its budget is refused as too 
 OpenAI requests may ask for ``n`` samples (not streamed): choice i is the answer with seed
 ``seed + i``, as llama.cpp's server samples them (docs/shared-answers.md), and the prompt
 counts once in ``usage`` while the choices' tokens add up, as vLLM and OpenAI report them.
+``n x max_tokens`` (plus the prompt's tokens with ``echo``) is at most
+``MAX_SAMPLED_TOKENS`` (``MAX_LOGPROB_TOKENS`` with ``logprobs``), so that no answer is built
+that would hold the event loop for long: 400 naming the bound beyond it.
 
 Token counts are an approximation, there is no tokenizer here: a prompt counts one token
 per 4 characters (English text averages about 4 bytes per token with the Llama and GPT
@@ -62,6 +65,13 @@ MAX_TOP_N_TOKENS = 5  # TGI's --max-top-n-tokens default
 MAX_BEST_OF = 2  # TGI's --max-best-of default
 MAX_LOGPROBS = 20  # OpenAI's limit for logprobs / top_logprobs
 MAX_N = 1024  # samples per OpenAI request (vLLM has no cap; OpenAI's own is 128)
+#: ``n x max_tokens`` of one request: what its answers may hold, built in one go on the event
+#: loop (n = 1,024 samples of 256 tokens, or 32 of a whole 8,192-token context: a few hundred
+#: kB, tens of ms). vLLM has no such cap; 1,024 x 8,000 was an 8 MB answer, 1.5 s of loop.
+MAX_SAMPLED_TOKENS = 262_144
+#: The same with ``logprobs``: each token is then an object of its own (about 100 bytes and
+#: 15 us): 16 samples of 1,024 tokens, two of a whole context; n = 1 always fits.
+MAX_LOGPROB_TOKENS = 16_384
 
 #: path -> (route kind, error style): "tgi" errors are 422 {"error", "error_type"},
 #: "openai" errors are 400 {"error": {...}}.
@@ -567,6 +577,7 @@ def _openai_generation(kind: str, body: dict, prompt: str, context_tokens: int,
         raise Invalid("stream must be a boolean", "stream")
     if stream and n > 1:
         raise Invalid("n > 1 is not streamed by simpipe servers", "n")
+    _check_sampled_tokens(kind, body, n, max_tokens, n_in)
     if body.get("stream_options") is not None and not stream:
         raise Invalid("stream_options is only allowed with stream = true", "stream_options")
     if body.get("grammar") is not None and body.get("json_schema") is not None:
@@ -612,6 +623,22 @@ def _openai_generation(kind: str, body: dict, prompt: str, context_tokens: int,
              "stream_options": {"include_usage": bool(options.get("include_usage"))}
              if isinstance(options, dict) else None}
     return Generation(kind, text, finish, n_in, seed, stream, shown, prompt, tuple(samples[1:]))
+
+
+def _check_sampled_tokens(kind: str, body: dict, n: int, max_tokens: int, n_in: int) -> None:
+    """Invalid naming the bound when ``n`` choices of ``max_tokens`` (and the prompt, each
+    choice echoing it) pass ``MAX_SAMPLED_TOKENS``, or ``MAX_LOGPROB_TOKENS`` with
+    ``logprobs`` (a completion's ``logprobs = 0`` still lists every token)."""
+    echo = kind == "completion" and bool(body.get("echo"))
+    per_choice = max_tokens + (n_in if echo else 0)
+    asked = body.get("logprobs")
+    logprobs = asked is not None and asked is not False if kind == "completion" else bool(asked)
+    bound = MAX_LOGPROB_TOKENS if logprobs else MAX_SAMPLED_TOKENS
+    if n * per_choice > bound:
+        what = "(max_tokens + echoed prompt tokens)" if echo else "max_tokens"
+        raise Invalid(f"n x {what} = {n} x {per_choice} = {n * per_choice:,} tokens: at most "
+                      f"{bound:,} per request{' with logprobs' if logprobs else ''} (simpipe "
+                      "servers); ask for fewer samples or fewer tokens", "n")
 
 
 def _finish(gen: Generation) -> str:

@@ -46,7 +46,8 @@ from typing import Any, Self
 
 from simpipe import aio
 from simpipe.servers import contract as contract
-from simpipe.servers.emulator_model import GpuScheduler, Series
+from simpipe.servers import synthetic_tokens
+from simpipe.servers.emulator_model import GpuScheduler, Series, prefix_blocks
 from simpipe.servers.emulator_profiles import (
     DEFAULT_PROFILE,
     MAX_GPUS_PER_PROCESS,
@@ -66,6 +67,8 @@ PROTOCOLS = ("tgi", "openai", "both")
 SAMPLE_S_RANGE = (0.001, 3600.0)  # a stats sample every 0 s would spin a core
 TICK_S_RANGE = (0.0, 1.0)
 MAX_QUEUED_MB_RANGE = (1.0, 65_536.0)
+#: Text prompts whose cache block keys are remembered (round 1's agents share a few texts).
+TEXT_BLOCKS = 4096
 
 
 def _in_range(option: str, value: float, bounds: tuple[float, float]) -> None:
@@ -135,6 +138,7 @@ class Emulator:
         self._bodies = BodyBudget()  # bodies being received, over every GPU's port
         self._queued_bytes = 0  # held by requests in the GPUs' queues (bodies, answers)
         self._max_queued_bytes = int(options.max_queued_mb * 2**20)
+        self._text_blocks: dict[str, tuple[int, ...]] = {}  # prompt text -> block keys
 
     @property
     def urls(self) -> list[str]:
@@ -271,9 +275,14 @@ class Emulator:
                 gpu.scheduler.rejected += 1
                 return contract.queue_full(style, self._max_queued_bytes)
             fut = self._loop.create_future()  # type: ignore[union-attr]
-            # n samples: one prefill, n sequences decoding (emulator_model)
+            # n samples: one prefill, n sequences decoding; a probe (token ids with
+            # logprobs, max_tokens 1) one decode step, whatever its top token's text; the
+            # prompt's cache blocks for the prefix cache (emulator_model)
+            probe = gen.prompt_ids is not None
             if not gpu.scheduler.submit(self._now(), (fut, gen, cost), gen.tokens_in,
-                                        gen.longest_out, gen.samples, gen.tokens_out):
+                                        1 if probe else gen.longest_out, gen.samples,
+                                        gen.samples if probe else gen.tokens_out,
+                                        self._blocks(body, gen)):
                 return contract.overloaded()
             self._queued_bytes += cost
             due = self._due(gpu)
@@ -283,6 +292,24 @@ class Emulator:
             return fut
 
         return dispatch
+
+    def _blocks(self, body: dict, gen: contract.Generation) -> tuple[int, ...]:
+        """The keys of the prompt's cache blocks (``emulator_model.prefix_blocks``) from its
+        token ids as sent, or a text prompt's synthetic ids (``synthetic_tokens.prompt_ids``,
+        remembered for the last ``TEXT_BLOCKS`` texts); () without prefix caching."""
+        profile = self.options.profile
+        if not profile.prefix_caching:
+            return ()
+        ids = body.get("prompt") if gen.kind == "completion" else None
+        if isinstance(ids, list):  # token ids (the contract checked them)
+            return prefix_blocks(ids, profile.block_size)
+        keys = self._text_blocks.get(gen.prompt)
+        if keys is None:
+            if len(self._text_blocks) >= TEXT_BLOCKS:
+                self._text_blocks.clear()
+            keys = self._text_blocks[gen.prompt] = prefix_blocks(
+                synthetic_tokens.prompt_ids(gen.prompt), profile.block_size)
+        return keys
 
     def _metrics(self, gpu: _Gpu) -> HttpResponse:
         done = gpu.scheduler.completed

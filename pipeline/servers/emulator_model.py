@@ -12,16 +12,29 @@ prefilled once and its ``width`` sequences take that many places in the batch un
 longest one ends (a shorter sample's place is not given back early: a slight overestimate
 for samples of unequal length).
 
+Prefix caching (``GpuProfile.prefix_caching``, vLLM V1's automatic prefix caching): a request
+carries the keys of its prompt's whole blocks (``prefix_blocks``: ``block_size`` tokens each,
+keyed by a hash of every token up to the block's end, the block holding the last prompt
+token left out). When it is admitted it reuses the leading blocks that are in the GPU's
+``PrefixCache`` (or that a request admitted in the same step brings: vLLM's scheduler caches
+a block when it allocates it) and is charged prefill only for its other tokens, at least
+one; then its blocks become the most recently used. The cache holds ``kv_cache_tokens`` less
+what the running sequences' generated tokens take, and evicts least recently used blocks
+beyond that (a prompt's deeper blocks before its first ones, as vLLM frees them).
+
 Counters (modelled seconds): ``busy_s`` is the time with at least one running sequence;
 ``work_s`` is what the completed requests would have cost on a full batch
-(``GpuProfile.full_batch_request_s``), the GPU time a perfectly fed server needs for them.
+(``GpuProfile.full_batch_request_s``: prefill of the tokens not served from the cache, and
+decode), the GPU time a perfectly fed server needs for them; ``tokens_cached``: prompt
+tokens served from the prefix cache.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
-from collections import deque
+from collections import OrderedDict, deque
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from simpipe.servers.emulator_profiles import GpuProfile
@@ -42,6 +55,61 @@ class _Plan(NamedTuple):
     prefill_tokens: int
     step_s: float  # the length of each step
     steps: int  # steps until something changes (a completion or a possible admission)
+    evaluated: tuple[int, ...] = ()  # per admitted request: prompt tokens not from the cache
+
+
+def prefix_blocks(ids: Sequence[int], block: int) -> tuple[int, ...]:
+    """The keys of a prompt's cacheable blocks: each whole block of ``block`` token ids
+    before the prompt's last token, keyed by a hash of every id up to its end (the key of
+    the block before and its own ids), as vLLM keys its blocks. Python hashes tuples of
+    ints alike in every process."""
+    if block <= 0:
+        return ()
+    keys = []
+    key = 0
+    for i in range((len(ids) - 1) // block):
+        key = hash((key, tuple(ids[i * block:(i + 1) * block])))
+        keys.append(key)
+    return tuple(keys)
+
+
+class PrefixCache:
+    """One GPU's cached prompt blocks by key, least recently used first, at most
+    ``capacity`` blocks (less what running sequences hold: ``store``'s ``room``)."""
+
+    def __init__(self, block: int, capacity: int) -> None:
+        self.block = block
+        self.capacity = capacity
+        self._blocks: OrderedDict[int, None] = OrderedDict()
+        self.evicted = 0
+
+    def __len__(self) -> int:
+        return len(self._blocks)
+
+    def hits(self, keys: tuple[int, ...], pending: set[int] | None = None) -> int:
+        """How many leading blocks of ``keys`` are cached, or in ``pending`` (the blocks
+        of requests admitted earlier in the same step)."""
+        blocks = self._blocks
+        n = 0
+        for key in keys:
+            if key not in blocks and (pending is None or key not in pending):
+                break
+            n += 1
+        return n
+
+    def store(self, keys: tuple[int, ...], room: int) -> None:
+        """A request with these blocks was admitted: each becomes the most recently used,
+        its first block last (so a prompt's deeper blocks are evicted before its prefix);
+        then the least recently used blocks go until at most ``room`` remain."""
+        blocks = self._blocks
+        for key in reversed(keys):
+            if key in blocks:
+                blocks.move_to_end(key)
+            else:
+                blocks[key] = None
+        while len(blocks) > max(room, 0):
+            blocks.popitem(last=False)
+            self.evicted += 1
 
 
 class GpuScheduler:
@@ -52,13 +120,18 @@ class GpuScheduler:
         self.clock = 0.0  # end of the last computed step
         self.steps = 0  # steps computed so far
         # running: (finish step, sequence no, handle, tokens in, tokens out (all samples),
-        # arrived, started, width)
+        # arrived, started, width, tokens evaluated, cache blocks held by its output)
         self._running: list[tuple] = []
-        # waiting: (arrived, sequence no, handle, tokens in, steps, width, tokens out)
+        # waiting: (arrived, sequence no, handle, tokens in, steps, width, tokens out,
+        # prompt block keys)
         self._queue: deque[tuple] = deque()
         self._seqs = 0  # sequences in the batch: the running requests' widths
         self._seq = 0
-        self._token_s = profile.step_s(profile.max_batch) / profile.max_batch
+        self._cost = profile.cost_model()  # what work_s charges each finished request
+        self.cache = (PrefixCache(profile.block_size, profile.kv_cache_tokens // profile.block_size)
+                      if profile.prefix_caching else None)
+        self._held = 0  # cache blocks the running sequences' generated tokens take
+        self.tokens_cached = 0
         self.admitted = 0
         self.rejected = 0
         self.completed = 0
@@ -80,18 +153,21 @@ class GpuScheduler:
         return len(self._queue)
 
     def submit(self, now: float, handle: Any, tokens_in: int, tokens_out: int,
-               width: int = 1, total_out: int | None = None) -> bool:
+               width: int = 1, total_out: int | None = None,
+               blocks: tuple[int, ...] = ()) -> bool:
         """Queue a request arriving at ``now``; False (refused) beyond
         ``max_concurrent_requests`` running + waiting. ``width`` samples of the prompt,
         the longest ``tokens_out`` tokens, ``total_out`` tokens in all (default: width x
-        tokens_out)."""
+        tokens_out); ``blocks``: its prompt's block keys (``prefix_blocks``), for the
+        prefix cache."""
         if len(self._running) + len(self._queue) >= self.profile.max_concurrent_requests:
             self.rejected += 1
             return False
         self._seq += 1
         steps = max(1, tokens_out)
         total = max(width, total_out if total_out is not None else steps * width)
-        self._queue.append((now, self._seq, handle, max(1, tokens_in), steps, width, total))
+        self._queue.append((now, self._seq, handle, max(1, tokens_in), steps, width, total,
+                            blocks if self.cache is not None else ()))
         self.admitted += 1
         self.max_queued = max(self.max_queued, len(self._queue))
         return True
@@ -107,22 +183,33 @@ class GpuScheduler:
             return None
         room = p.max_batch - self._seqs
         admit = tokens = width = 0
+        evaluated: list[int] = []
         if queue and queue[0][0] <= start:
             budget = p.max_batch_prefill_tokens
-            for arrived, _, _, n_in, _, w, _ in queue:
+            cache = self.cache
+            pending: set[int] | None = None
+            for arrived, _, _, n_in, _, w, _, blocks in queue:
                 if arrived > start:
                     break
-                if admit and (width + w > room or tokens + n_in > budget):
+                new = n_in
+                if blocks:  # (only with a cache) what it does not find there is evaluated
+                    new = max(1, n_in - cache.hits(blocks, pending) * cache.block)  # type: ignore[union-attr]
+                if admit and (width + w > room or tokens + new > budget):
                     break
                 # wider than the room: it waits, or runs alone on an idle GPU
                 if not admit and w > room and running:
                     break
                 admit += 1
                 width += w
-                tokens += n_in
+                tokens += new
+                evaluated.append(new)
+                if blocks:
+                    if pending is None:
+                        pending = set()
+                    pending.update(blocks)
         if admit:
             step = p.step_s(self._seqs + width) + tokens * p.prefill_s_per_token
-            return _Plan(start, admit, tokens, step, 1)
+            return _Plan(start, admit, tokens, step, 1, tuple(evaluated))
         step = p.step_s(self._seqs)
         steps = running[0][0] - self.steps + 1  # until the first running sequence finishes
         if queue and room > 0:  # the next arrival joins at the first boundary after it
@@ -142,10 +229,17 @@ class GpuScheduler:
             if plan.admit:
                 if plan.start + plan.step_s > now:
                     break
-                for _ in range(plan.admit):
-                    arrived, seq, handle, n_in, steps_out, width, n_out = queue.popleft()
+                cache = self.cache
+                for new in plan.evaluated:
+                    arrived, seq, handle, n_in, steps_out, width, n_out, blocks = queue.popleft()
+                    held = 0
+                    if cache is not None:
+                        held = width * -(-steps_out // cache.block)
+                        if blocks:
+                            cache.store(blocks, cache.capacity - self._held - held)
+                        self._held += held
                     heapq.heappush(running, (self.steps + steps_out - 1, seq, handle, n_in,
-                                             n_out, arrived, plan.start, width))
+                                             n_out, arrived, plan.start, width, new, held))
                     self._seqs += width
                     self.queue_wait_s += plan.start - arrived
                 self.max_running = max(self.max_running, self._seqs)
@@ -159,12 +253,15 @@ class GpuScheduler:
             self.steps += steps
             self.busy_s += plan.step_s * steps
             while running and running[0][0] < self.steps:
-                _, _, handle, n_in, n_out, arrived, started, width = heapq.heappop(running)
+                (_, _, handle, n_in, n_out, arrived, started, width, new,
+                 held) = heapq.heappop(running)
                 self._seqs -= width
+                self._held -= held
                 self.completed += 1
                 self.tokens_in += n_in
                 self.tokens_out += n_out
-                self.work_s += n_in * self.profile.prefill_s_per_token + n_out * self._token_s
+                self.tokens_cached += n_in - new
+                self.work_s += self._cost.request_cost_s(n_in, n_out, n_in - new)
                 done.append(Done(handle, arrived, started, self.clock))
         return done
 
@@ -175,6 +272,9 @@ class GpuScheduler:
             "completed": self.completed,
             "tokens_in": self.tokens_in,
             "tokens_out": self.tokens_out,
+            "tokens_cached": self.tokens_cached,
+            "cache_blocks": len(self.cache) if self.cache is not None else 0,
+            "cache_evicted": self.cache.evicted if self.cache is not None else 0,
             "busy_s": self.busy_s,
             "work_s": self.work_s,
             "queue_wait_s": self.queue_wait_s,

@@ -9,6 +9,10 @@ A profile models one server (one GPU) with continuous batching:
 - a step takes ``step_base_s + step_per_seq_s * b`` for ``b`` running sequences, plus
   ``prefill_s_per_token`` for every prompt token admitted in it; every running sequence gains
   one token per step, a newly admitted one its first;
+- with ``prefix_caching`` (vLLM V1's default) a prompt's tokens in whole ``block_size``
+  blocks that an earlier request left in the KV cache are not evaluated again; the cache
+  holds ``kv_cache_tokens`` and evicts the least recently used blocks beyond it
+  (``emulator_model.PrefixCache``);
 - beyond ``max_concurrent_requests`` running + waiting requests, a request is refused with
   TGI's 429 "Model is overloaded" (TGI ``--max-concurrent-requests``, default 128; the
   calibrated profiles allow 1,024, above the 500 requests of the benchmarks they reproduce,
@@ -29,6 +33,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from simpipe.inference.cost_model import CostModel
+
 VLLM_POST = "https://blog.vllm.ai/2024/09/05/perf-update.html"
 
 #: name -> what it means, for ``--help``, config errors and the docs.
@@ -39,11 +45,18 @@ PARAMETERS: dict[str, str] = {
     "prefill_s_per_token": "seconds of GPU time per prompt token",
     "step_base_s": "seconds per decode step, fixed part",
     "step_per_seq_s": "seconds per decode step per running sequence",
+    "prefix_caching": "1: reuse cached prompt blocks (vLLM's automatic prefix caching); 0: off",
+    "block_size": "tokens per KV cache block: what the prefix cache reuses at least",
+    "kv_cache_tokens": "tokens the KV cache holds; cached prompt blocks beyond it are "
+                       "evicted, least recently used first",
 }
 #: The largest value of each integer parameter: beyond them a setting is a typo or an attack
 #: (a queue of a million requests holds gigabytes), not a GPU server. ``fast`` is at them.
 INTEGER_LIMITS = {"max_batch": 65_536, "max_batch_prefill_tokens": 2**30,
-                  "max_concurrent_requests": 100_000}
+                  "max_concurrent_requests": 100_000, "block_size": 1024,
+                  "kv_cache_tokens": 2**31}
+#: Switches: 0 or 1.
+SWITCHES = ("prefix_caching",)
 #: Seconds parameters are 0 or within this range: a step of 1e-320 s overflows the model's
 #: arithmetic, and one of more than a day never ends a run.
 SECONDS_RANGE = (1e-9, 86_400.0)
@@ -53,6 +66,13 @@ TIME_SCALE_RANGE = (1e-3, 1e6)
 CONTEXT_TOKENS = 8192
 #: Emulated GPUs in one process: each holds a listening socket and its own connections.
 MAX_GPUS_PER_PROCESS = 1024
+#: vLLM's KV cache block (``--block-size``, 16 on CUDA): the prefix cache's granularity.
+BLOCK_SIZE = 16
+#: Tokens in the KV cache of Llama 3 8B (bf16) on one 80 GB GPU under vLLM's default
+#: ``--gpu-memory-utilization`` 0.9: (79.2 GiB visible x 0.9 - 15.0 GiB of weights - ~2.5
+#: GiB of activations) / 128 KiB per token (2 x 32 layers x 8 KV heads x 128 x 2 bytes),
+#: about 440,000 tokens (27,500 blocks of 16). Arithmetic, not a measurement.
+KV_CACHE_TOKENS_80GB = 440_000
 
 
 @dataclass(frozen=True)
@@ -70,16 +90,26 @@ class GpuProfile:
     step_base_s: float
     step_per_seq_s: float
     context_tokens: int = CONTEXT_TOKENS
+    prefix_caching: int = 1  # 1: automatic prefix caching (vLLM V1's default); 0: off
+    block_size: int = BLOCK_SIZE
+    kv_cache_tokens: int = KV_CACHE_TOKENS_80GB
 
     def step_s(self, batch: int) -> float:
         """One decode step with ``batch`` running sequences (no prefill)."""
         return self.step_base_s + self.step_per_seq_s * batch
 
-    def full_batch_request_s(self, tokens_in: int, tokens_out: int) -> float:
-        """GPU time one request costs when the batch is full: its prompt's prefill and its
-        share of the ``tokens_out`` steps it runs in."""
-        return (tokens_in * self.prefill_s_per_token
-                + tokens_out * self.step_s(self.max_batch) / self.max_batch)
+    def cost_model(self) -> CostModel:
+        """What a request costs on this server when its batch is full: the price list the
+        emulator charges (``work_s``) and the round plan predicts with."""
+        return CostModel(self.prefill_s_per_token, self.step_s(self.max_batch) / self.max_batch,
+                         0.0, self.block_size if self.prefix_caching else 0,
+                         f"emulator profile {self.name}")
+
+    def full_batch_request_s(self, tokens_in: int, tokens_out: int, cached_in: int = 0) -> float:
+        """GPU time one request costs when the batch is full: its prompt's prefill (less
+        the ``cached_in`` tokens its prefix cache served) and its share of the
+        ``tokens_out`` steps it runs in (``CostModel.request_cost_s``)."""
+        return self.cost_model().request_cost_s(tokens_in, tokens_out, cached_in)
 
     def saturated_requests_per_s(self, tokens_in: int, tokens_out: int) -> float:
         return 1.0 / self.full_batch_request_s(tokens_in, tokens_out)
@@ -112,6 +142,10 @@ def _checked(name: str, value: Any) -> int | float:
     naming the parameter and its range otherwise (NaN and infinities included)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"emulator parameter {name} = {value!r}: expected a number")
+    if name in SWITCHES:
+        if value not in (0, 1):
+            raise ValueError(f"emulator parameter {name} = {value!r}: expected 0 or 1")
+        return int(value)
     if name in INTEGER_LIMITS:
         top = INTEGER_LIMITS[name]
         if not math.isfinite(value) or value != int(value) or not 1 <= value <= top:

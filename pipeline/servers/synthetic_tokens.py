@@ -40,6 +40,13 @@ def tokenize(text: str) -> list[int]:
     return [_hashed(text[4 * i: 4 * i + 4] if i < n - 1 else text[4 * i:]) for i in range(n)]
 
 
+def prompt_ids(text: str) -> list[int]:
+    """The ids a text prompt is evaluated as: ``<s>`` then its tokens (what ``POST
+    /tokenize`` answers with ``add_special_tokens``, and so what a probe's token-id prompt
+    starts with: the prefix cache sees a text request and a probe of the same prompt alike)."""
+    return [SPECIALS["<s>"], *tokenize(text)]
+
+
 def _hashed(chunk: str) -> int:
     return _HASHED_BASE + zlib.crc32(chunk.encode()) % _HASHED_SPAN
 

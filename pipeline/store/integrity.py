@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from simpipe.records import CorruptFile, error_reason
-from simpipe.store.layout import RunPaths
+from simpipe.store.layout import RunPaths, numbered_from_one
 
 AgentRange = tuple[int, int]  # [start, stop) of one partition's agent ids
 # What to do about a corrupt part or summary file: the run repairs its own files.
@@ -97,9 +97,10 @@ def round_problems(paths: RunPaths, round_index: int, bounds: Sequence[AgentRang
 ADDED_LATER = ("n_truncated", "n_no_final_answer")
 
 
-def read_summary(path: Path, columns: Sequence[str]) -> pd.DataFrame:
-    """``summary.parquet`` with every summary column of its game (``Game.summary_columns``);
-    CorruptFile otherwise."""
+def read_summary(path: Path, columns: Sequence[str], *, first_round: int) -> pd.DataFrame:
+    """``summary.parquet`` with every summary column of its game (``Game.summary_columns``),
+    its ``round`` column numbered from 1 (``first_round``: the number of the run's first
+    round on disk, ``RunRecord.first_round``); CorruptFile otherwise."""
     try:
         summary = pd.read_parquet(path)
     except FileNotFoundError:
@@ -115,6 +116,6 @@ def read_summary(path: Path, columns: Sequence[str]) -> pd.DataFrame:
         raise CorruptFile(path, f"no column {', '.join(missing)}")
     if not pd.api.types.is_integer_dtype(summary["round"]):
         raise CorruptFile(path, "the round column is not integers")
-    return summary
+    return numbered_from_one(summary, first_round)
 
 

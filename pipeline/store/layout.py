@@ -5,9 +5,24 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import pandas as pd
+
 from simpipe.files import TEMP_SUFFIX
 
 PART_DIGITS = 5  # part-00003.parquet: lexical order is partition order
+
+#: run.json's ``layout``: how a run numbers its rounds on disk. 2: from 1, as the console,
+#: the prompts, the report and Nagel's periods count them (the folders ``round=1``,
+#: ``round=2``, ..., the ``round`` column of the rounds and of summary.parquet, run.json's
+#: round keys). 1 (a run.json without the field, written before): from 0. Code counts
+#: rounds from 0 (``round_index``); every reader gives a ``round`` column numbered from 1,
+#: whatever the run's layout (``numbered_from_one``).
+LAYOUT = 2
+
+
+def first_round(layout: int) -> int:
+    """The number a run of this layout gives its first round on disk."""
+    return 1 if layout >= 2 else 0
 
 
 def part_name(partition: int) -> str:
@@ -17,6 +32,9 @@ def part_name(partition: int) -> str:
 @dataclass(frozen=True)
 class RunPaths:
     root: Path
+    #: The number of the first round on disk (``first_round(layout)``: 0 for runs written
+    #: before rounds were numbered from 1); ``round_index`` arguments count from 0 always.
+    first_round: int = 1
 
     @property
     def population(self) -> Path:
@@ -43,13 +61,33 @@ class RunPaths:
         return self.root / "CANCEL"
 
     def round_dir(self, round_index: int) -> Path:
-        return self.rounds / f"round={round_index}"
+        return self.rounds / f"round={round_index + self.first_round}"
 
     def round_part(self, round_index: int, partition: int) -> Path:
         return self.round_dir(round_index) / part_name(partition)
 
     def population_part(self, partition: int) -> Path:
         return self.population / part_name(partition)
+
+
+def numbered_from_one(frame: pd.DataFrame, first_round: int) -> pd.DataFrame:
+    """``frame`` (the rows of a run's summary or rounds) with its ``round`` column numbered
+    from 1 (int64 where it was the rounds' folder names), from a run whose first round is
+    ``first_round`` on disk."""
+    if "round" not in frame:
+        return frame
+    rounds = frame["round"]
+    if not pd.api.types.is_integer_dtype(rounds):
+        rounds = rounds.astype("int64")
+    return frame.assign(round=rounds + (1 - first_round))
+
+
+def as_stored(frame: pd.DataFrame, first_round: int) -> pd.DataFrame:
+    """``frame``, its ``round`` column numbered from 1, as a run whose first round is
+    ``first_round`` stores it (the inverse of ``numbered_from_one``)."""
+    if first_round == 1 or "round" not in frame:
+        return frame
+    return frame.assign(round=(frame["round"] - (1 - first_round)).astype(frame["round"].dtype))
 
 
 # Everything simpipe writes at the top of a run folder, and nothing else: what `--force` may

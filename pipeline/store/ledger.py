@@ -18,8 +18,10 @@ from typing import Any
 from simpipe.config import Config
 from simpipe.errors import SimpipeError
 from simpipe.files import write_json_atomic
+from simpipe.games.validity import MODEL, RULE_BASED, SYNTHETIC
+from simpipe.population_mix import llm_groups
 from simpipe.records import CorruptFile, StrictRecord, read_json_record
-from simpipe.store.layout import RunPaths, is_run_entry
+from simpipe.store.layout import LAYOUT, RunPaths, is_run_entry
 from simpipe.store.owner import owner_problem, this_process
 from simpipe.store.record import MAX_LEDGER_BYTES, Progress, RoundRecord, RunRecord, read_ledger
 
@@ -43,6 +45,25 @@ def package_versions() -> dict[str, str]:
     return out
 
 
+def answers_source(config: Config) -> str:
+    """Where a run's answers come from (``simpipe.games.validity``): "synthetic" when any
+    LLM agents are answered by servers that make answers up (``--emulate``'s emulated GPU
+    servers, a ``[cluster.servers]`` command running simpipe's emulator or stub server),
+    "rule-based" when no agent asks an LLM (scripted agents), "model" otherwise. Endpoints
+    given by hand are taken for a model's: the run cannot tell what answers there."""
+    servers = config.cluster.servers
+    fake = servers.plugin.emulator or any(
+        f"simpipe.servers.{name}" in servers.command for name in ("stub", "emulator"))
+    fed = servers.endpoint_backend
+    llm = llm_groups(config.agents)
+    if not llm:
+        return RULE_BASED
+    if fake and servers.plugin.starts_servers and any(
+            fed is None or g.agents.backend == fed for g in llm):
+        return SYNTHETIC
+    return MODEL
+
+
 class Ledger:
     """The client's ``run.json``: a ``RunRecord`` (``simpipe.store.record``, the same model
     every reader gets), replaced by each change and saved atomically."""
@@ -57,6 +78,8 @@ class Ledger:
         now = _now()
         record = RunRecord.model_validate({
             "name": config.run.name,
+            "layout": LAYOUT,
+            "answers_source": answers_source(config),
             "config_hash": config.results_hash(),
             "population_hash": config.population_hash(),
             "config": config.model_dump(mode="json"),
@@ -69,7 +92,7 @@ class Ledger:
             "n_partitions": config.population.n_partitions,
             **this_process(),  # a second process is refused from the start (store.owner)
         })
-        ledger = cls(paths, record.at(paths.ledger))
+        ledger = cls(record.run_paths(paths.root), record.at(paths.ledger))
         ledger.save()
         return ledger
 
@@ -94,12 +117,13 @@ class Ledger:
                         elapsed_s: float, force: bool = False, *, agents_total: int = 0,
                         distinct_prompts: int = 0, model_calls: int = 0) -> None:
         """Live progress for watchers (the UI), counted in agents (those of partitions
-        still playing included); saved at most twice a second."""
+        still playing included); saved at most twice a second. ``round_index`` from 0."""
         rate = agents_done / elapsed_s if elapsed_s > 0 else None
         eta = ((agents_total - agents_done) / rate
                if rate and agents_total >= agents_done else None)
         self._update(progress=Progress(
-            round=round_index, partitions_done=done, partitions_total=total,
+            round=round_index + self.record.first_round, partitions_done=done,
+            partitions_total=total,
             agents_done=agents_done, agents_total=agents_total,
             distinct_prompts=distinct_prompts, model_calls=model_calls,
             elapsed_s=round(elapsed_s, 3), agents_per_s=round(rate, 1) if rate else None,
@@ -111,9 +135,11 @@ class Ledger:
 
     def record_round(self, round_index: int, record: dict[str, Any]) -> RoundRecord:
         """A finished round's numbers (``record``: the fields of ``RoundRecord`` and the
-        game's own numbers); lax, so numpy numbers become Python ones."""
+        game's own numbers); lax, so numpy numbers become Python ones. ``round_index`` from
+        0; the key is the round's number as the run numbers it (``RunRecord.round_key``)."""
         finished = RoundRecord.model_validate({**record, "complete": True}, strict=False)
-        self._update(rounds={**self.record.rounds, str(round_index): finished}, progress=None)
+        self._update(rounds={**self.record.rounds, self.record.round_key(round_index): finished},
+                     progress=None)
         self.save()
         return finished
 
@@ -130,6 +156,21 @@ class Ledger:
         """The dry run's estimate of the real run (``simpipe.estimate``)."""
         self._update(estimate=estimate)
         self.save()
+
+    def record_spent(self, gpu_s: dict[int, float]) -> None:
+        """What the emulated fleet spent on each round (round index from 0 -> GPU seconds),
+        as ``spent_gpu_s`` of the rounds whose ``answer_methods`` priced their choice."""
+        rounds = dict(self.record.rounds)
+        for index, spent in gpu_s.items():
+            key = self.record.round_key(index)
+            rec = rounds.get(key)
+            if rec is None or not rec.answer_methods or "predicted_gpu_s" not in rec.answer_methods:
+                continue
+            rounds[key] = rec.model_copy(update={"answer_methods": {**rec.answer_methods,
+                                                                     "spent_gpu_s": spent}})
+        if rounds != self.record.rounds:
+            self._update(rounds=rounds)
+            self.save()
 
 
 def open_run_dir(paths: RunPaths, config: Config, *, resume: bool, force: bool) -> Ledger:
@@ -176,7 +217,8 @@ def open_run_dir(paths: RunPaths, config: Config, *, resume: bool, force: bool) 
             f"{root} already holds this run ({record.state}, {record.rounds_done}/"
             f"{config.game.rounds} rounds); pass --resume to continue it or --force to start over"
         )
-    return Ledger(paths, record)
+    # A run begun before rounds were numbered from 1 goes on numbering them as it did.
+    return Ledger(record.run_paths(root), record)
 
 
 def _refuse_live_owner(paths: RunPaths, *, resume: bool, force: bool) -> None:

@@ -16,7 +16,7 @@ fields this version does not know are kept as they are.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
@@ -33,7 +33,7 @@ from simpipe.records import (
     read_json_model,
 )
 from simpipe.store.integrity import AgentRange
-from simpipe.store.layout import RunPaths
+from simpipe.store.layout import RunPaths, first_round
 
 # run.json holds a few hundred bytes per round and endpoint; anything this big is not ours.
 MAX_LEDGER_BYTES = 16 * 2**20
@@ -81,6 +81,10 @@ class RoundRecord(_Record):
     prompt_tokens_per_distinct_prompt: float | None = None
     planned_prompts: NonNegative = 0  # distributions the round plan computed (round_plan)
     plan_s: float | None = None  # the plan's wall time (its stages 1 and 2)
+    # How the plan answered the round's distinct prompts: per method its prompts and agents,
+    # and where priced the predicted and (emulated fleets) spent GPU seconds
+    # (``simpipe.agents.answer_methods.methods_record``)
+    answer_methods: dict[str, Any] | None = None
 
     @property
     def n_invalid(self) -> int:
@@ -101,7 +105,7 @@ class RoundRecord(_Record):
 class Progress(_Record):
     """The round being played, as the client last saved it (at most twice a second)."""
 
-    round: NonNegative
+    round: NonNegative  # its number on disk (from 1; from 0 in a run of layout 1)
     partitions_done: NonNegative = 0
     partitions_total: NonNegative = 0
     agents_done: NonNegative = 0
@@ -157,7 +161,14 @@ class RunRecord(_Record):
     progress, timings, per-endpoint counters and (after ``--emulate``) the estimate."""
 
     name: str | None = None
+    # How the run numbers its rounds on disk (simpipe.store.layout.LAYOUT); a file without
+    # it was written before rounds were numbered from 1.
+    layout: Annotated[int, Field(ge=1)] = 1
     state: str = "unknown"
+    # Where the answers come from (simpipe.games.validity.ANSWER_SOURCES): "model",
+    # "synthetic" (emulated or stub servers) or "rule-based" (scripted agents); a file
+    # without it reads as "model".
+    answers_source: Literal["model", "synthetic", "rule-based"] = "model"
     config_hash: str | None = None
     population_hash: str | None = None
     config: ConfigSections | None = None
@@ -204,9 +215,29 @@ class RunRecord(_Record):
 
     # --- rounds -----------------------------------------------------------------------------
 
+    @property
+    def first_round(self) -> int:
+        """The number of the run's first round on disk (its folder, ``round`` column and
+        run.json key): 1, or 0 for a run written before rounds were numbered from 1."""
+        return first_round(self.layout)
+
+    def run_paths(self, root: Path) -> RunPaths:
+        """The run's files under ``root``, its rounds' folders numbered as it numbers them."""
+        return RunPaths(root, self.first_round)
+
+    def round_key(self, index: int) -> str:
+        """The key of round ``index`` (from 0) in ``rounds``."""
+        return str(index + self.first_round)
+
+    @property
+    def progress_round(self) -> int | None:
+        """The index (from 0) of the round being played, where the run saved its progress."""
+        return None if self.progress is None else self.progress.round - self.first_round
+
     def finished_rounds(self) -> dict[int, RoundRecord]:
-        """The rounds the run completed, by index, in order."""
-        done = {int(r): rec for r, rec in self.rounds.items() if rec.complete}
+        """The rounds the run completed, by index (from 0), in order."""
+        done = {int(r) - self.first_round: rec for r, rec in self.rounds.items()
+                if rec.complete and int(r) >= self.first_round}
         return dict(sorted(done.items()))
 
     def completed_rounds(self) -> list[int]:
@@ -217,8 +248,8 @@ class RunRecord(_Record):
         return len(self.finished_rounds())
 
     def round(self, index: int) -> RoundRecord | None:
-        """Round ``index``'s record if it finished."""
-        rec = self.rounds.get(str(index))
+        """Round ``index``'s (from 0) record if it finished."""
+        rec = self.rounds.get(self.round_key(index))
         return rec if rec is not None and rec.complete else None
 
     def first_incomplete_round(self) -> int | None:
@@ -259,6 +290,7 @@ class RunRecord(_Record):
     def missing_partitions(self, paths: RunPaths, round_index: int) -> list[int]:
         """The partitions of a round without a part file (existence is the completion
         marker: files are written atomically); their content is checked when read."""
+        paths = self.run_paths(paths.root)  # its rounds' folders as this run numbers them
         return [k for k in range(len(self.partition_bounds()))
                 if not paths.round_part(round_index, k).exists()]
 

@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 from simpipe.cluster.state import pid_alive
+from simpipe.games import validity
 from simpipe.games.base import Game
 from simpipe.records import CorruptFile
 from simpipe.store.integrity import RESUME_REPAIRS, read_part, read_summary
@@ -102,8 +103,8 @@ def version(files: RunFiles) -> tuple:
 def _last_activity(paths: RunPaths, ledger: RunRecord) -> float:
     """Newest mtime among the files a live run keeps touching."""
     candidates = [paths.ledger, paths.log]
-    if ledger.progress is not None:
-        candidates.append(paths.round_dir(ledger.progress.round))
+    if ledger.progress_round is not None:
+        candidates.append(ledger.run_paths(paths.root).round_dir(ledger.progress_round))
     times = []
     for p in candidates:
         try:
@@ -143,10 +144,10 @@ def _num(value: Any) -> float | None:
 
 
 def _progress(ledger: RunRecord, state: str) -> dict[str, Any] | None:
-    """The live round's progress, for a run that is running."""
-    if state != "running" or ledger.progress is None:
+    """The live round's progress, for a run that is running; its ``round`` numbered from 1."""
+    if state != "running" or ledger.progress is None or ledger.progress_round is None:
         return None
-    return ledger.progress.model_dump()
+    return {**ledger.progress.model_dump(), "round": ledger.progress_round + 1}
 
 
 def run_row(files: RunFiles, ledger: RunRecord) -> dict[str, Any]:
@@ -168,6 +169,7 @@ def run_row(files: RunFiles, ledger: RunRecord) -> dict[str, Any]:
         "ledger_state": ledger.state,
         "state_note": why,
         "backend": ledger.backend,
+        "answers_source": ledger.answers_source,
         "rounds_done": ledger.rounds_done,
         "rounds_total": ledger.rounds_total,
         "n_agents": ledger.n_agents,
@@ -187,7 +189,8 @@ def broken_row(name: str, problem: str) -> dict[str, Any]:
     """The runs-list line of a run whose run.json cannot be used: the same keys, no numbers."""
     return {
         "name": name, "config_hash": None, "state": "broken", "ledger_state": None,
-        "state_note": None, "backend": None, "rounds_done": 0, "rounds_total": None,
+        "state_note": None, "backend": None, "answers_source": None, "rounds_done": 0,
+        "rounds_total": None,
         "n_agents": None, "counts": {"ok": 0, "unparsed": 0, "out_of_range": 0, "error": 0,
                                      "truncated": 0, "no_final_answer": 0},
         "tokens_in": 0, "tokens_out": 0, "wall_s": None, "updated_at": None,
@@ -250,18 +253,21 @@ def run_detail(files: RunFiles) -> dict[str, Any]:
     done = ledger.finished_rounds()
     problems: list[str] = []
     try:
-        per_round = _summary_by_round(files, game) if done else {}
+        per_round = _summary_by_round(files, ledger, game) if done else {}
     except (CorruptFile, OutsideRoot) as exc:
         per_round = {}
         problems.append(_problem(files.root, exc))
     chart = []
-    for r, rec in done.items():
+    for r, rec in done.items():  # r from 0; the page and the API number rounds from 1
         chart.append({
-            "round": r, "n": rec.n, "n_valid": rec.n_valid, "n_unparsed": rec.n_unparsed,
+            "round": r + 1, "n": rec.n, "n_valid": rec.n_valid, "n_unparsed": rec.n_unparsed,
             "n_out_of_range": rec.n_out_of_range, "n_error": rec.n_error,
             "n_truncated": rec.n_truncated, "n_no_final_answer": rec.n_no_final_answer,
-            "mean": _num(rec.mean), **per_round.get(r, {}), "elapsed_s": rec.elapsed_s,
+            "mean": _num(rec.mean), **per_round.get(r + 1, {}), "elapsed_s": rec.elapsed_s,
             "agents_per_s": rec.agents_per_s,
+            # the report's validity rule: a round not valid enough is marked on the page
+            "valid_enough": validity.valid_enough(rec.n, rec.n_valid),
+            "flag": validity.problem(rec.n, rec.n_valid),
         })
     histogram = None
     if done:
@@ -271,7 +277,7 @@ def run_detail(files: RunFiles) -> dict[str, Any]:
         except (CorruptFile, OutsideRoot) as exc:
             problems.append(_problem(files.root, exc))
         if histogram is not None:
-            mark = game.round_mark(per_round.get(last, {}))
+            mark = game.round_mark(per_round.get(last + 1, {}))
             histogram["mark"] = None if mark is None else {"label": mark[0], "value": mark[1]}
     return {
         **row,
@@ -325,7 +331,9 @@ def _cached(key: tuple, compute):
     return value
 
 
-def _summary_by_round(files: RunFiles, game: Game) -> dict[int, dict[str, float | None]]:
+def _summary_by_round(files: RunFiles, ledger: RunRecord,
+                      game: Game) -> dict[int, dict[str, float | None]]:
+    """The game's per-round statistics, by round number (from 1)."""
     path = files.inside(files.paths.summary)
     try:
         st = path.stat()
@@ -335,17 +343,21 @@ def _summary_by_round(files: RunFiles, game: Game) -> dict[int, dict[str, float 
     def compute() -> dict[int, dict[str, float | None]]:
         # The game's statistics over all groups (the beauty contest: group averages, as
         # the report's rounds table has them).
-        pooled = game.summary_by_round(read_summary(path, game.summary_columns))
+        pooled = game.summary_by_round(read_summary(path, game.summary_columns,
+                                                    first_round=ledger.first_round))
         return {int(r): {k: _num(v) for k, v in row.items()} for r, row in pooled.iterrows()}
 
-    return _cached(("summary", str(path), st.st_mtime_ns, st.st_size, game.kind), compute)
+    return _cached(("summary", str(path), st.st_mtime_ns, st.st_size, game.kind,
+                    ledger.first_round), compute)
 
 
 def _histogram(files: RunFiles, ledger: RunRecord, round_index: int,
                game: Game) -> dict[str, Any] | None:
-    """The answers of a finished round, every part file checked (CorruptFile names one)."""
+    """The answers of a finished round (``round_index`` from 0; ``round`` in the result from
+    1), every part file checked (CorruptFile names one)."""
     bounds = ledger.partition_bounds()
-    parts = [files.inside(files.paths.round_part(round_index, k)) for k in range(len(bounds))]
+    paths = ledger.run_paths(files.root)  # its rounds' folders as the run numbers them
+    parts = [files.inside(paths.round_part(round_index, k)) for k in range(len(bounds))]
     stamps = []
     for part in parts:
         try:
@@ -360,11 +372,11 @@ def _histogram(files: RunFiles, ledger: RunRecord, round_index: int,
                           ignore_index=True)
         valid = frame.loc[frame["status"] == "ok", "guess"].dropna().to_numpy(np.float64)
         counts, edges = np.histogram(valid, bins=game.answer().bin_edges(HIST_BINS))
-        return {"round": round_index, "edges": [float(e) for e in edges],
+        return {"round": round_index + 1, "edges": [float(e) for e in edges],
                 "counts": [int(c) for c in counts], "n_valid": int(valid.size),
                 "n": int(len(frame))}
 
-    return _cached(("hist", str(files.paths.round_dir(round_index)), tuple(stamps),
+    return _cached(("hist", str(paths.round_dir(round_index)), tuple(stamps),
                     game.answer()), compute)
 
 

@@ -84,7 +84,7 @@ def test_cluster_up_run_failover_down(tmp_path: Path, simpipe_home: Path,
         proc = subprocess.Popen(
             ["simpipe", "run", str(cfg), "--cluster", "t"],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        part_dir = tmp_path / "results/llm/rounds/round=0"
+        part_dir = tmp_path / "results/llm/rounds/round=1"
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and not list(part_dir.glob("part-*.parquet")):
             time.sleep(0.2)

@@ -77,7 +77,7 @@ def test_a_server_killed_mid_round_costs_no_agent(tmp_path: Path, no_jobs_left: 
 
     (run_dir,) = [p for p in runs.iterdir() if (p / "run.json").exists()]
     rounds = read_rounds(run_dir)
-    for r in (0, 1):
+    for r in (1, 2):  # numbered from 1
         ids = rounds.loc[rounds["round"] == r, "agent_id"]
         assert sorted(ids) == list(range(AGENTS))  # each agent exactly once
     assert (rounds["status"] == "ok").all()

@@ -68,6 +68,25 @@ def test_vllm_example_scripts() -> None:
     assert "--ntasks-per-node=4" in batch  # 8 GPUs / 2 per server
 
 
+def test_batch_invariant_vllm_servers_start_with_vllms_switch(tmp_path: Path) -> None:
+    # Same seed, same guesses on GPU servers: the job exports vLLM's documented switch
+    # after the prologue (a `module load` cannot undo it) and before the server starts.
+    cluster = load_config(REPO / "examples/slurm-gpu-vllm.toml",
+                          overrides=["cluster.servers.batch_invariant=true"]).cluster
+    lines = server_job_script(cluster, "v", 0).splitlines()
+    export = lines.index("export VLLM_BATCH_INVARIANT=1")
+    assert lines.index("module load cuda/12.4") < export < len(lines) - 1
+    assert lines[-1].startswith("exec vllm serve ")
+    plain = load_config(REPO / "examples/slurm-gpu-vllm.toml").cluster
+    assert "VLLM_BATCH_INVARIANT" not in server_job_script(plain, "v", 0)
+    # A kind without such a mode refuses the key, naming the kinds that have one.
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[cluster]\nkind = "slurm"\n[cluster.servers]\nkind = "tgi"\n'
+                   'model = "m"\nbatch_invariant = true\n')
+    with pytest.raises(ConfigError, match="cluster.servers.*no batch-invariant mode.*vllm"):
+        load_config(cfg)
+
+
 def test_llamacpp_template_and_custom() -> None:
     cfg = SlurmClusterConfig(servers={"kind": "llamacpp", "cpus_per_server": 2})
     cmd = server_command(cfg.servers, 9000, python="/py")

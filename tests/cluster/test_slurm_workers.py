@@ -45,7 +45,7 @@ def test_worker_job_cancelled_mid_round(tmp_path: Path, no_jobs_left: None) -> N
     cfg.write_text(_toml(raw))
     proc = subprocess.Popen([sys.executable, "-m", "simpipe.cli", "run", str(cfg)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    part_dir = tmp_path / "results/cancel/rounds/round=0"
+    part_dir = tmp_path / "results/cancel/rounds/round=1"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and not list(part_dir.glob("part-*.parquet")):
         time.sleep(0.2)

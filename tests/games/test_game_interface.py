@@ -119,7 +119,8 @@ def test_the_reduce_is_exact_whatever_the_partitions(game) -> None:
 def test_each_group_is_told_its_own_feedback(game) -> None:
     _, summary = play(game, 2)
     table = game.feedback_table(summary, int(summary["group_id"].max()) + 1, 2)
-    told = table[summary["group_id"], summary["round"]]
+    assert sorted(summary["round"].unique()) == [1, 2]  # a summary numbers rounds from 1
+    told = table[summary["group_id"], summary["round"] - 1]
     np.testing.assert_array_equal(told, summary[game.feedback_column].to_numpy())
 
 
@@ -164,17 +165,17 @@ def test_the_answer_format_admits_exactly_the_range(game) -> None:
 
 def test_what_is_shown_of_a_round(game) -> None:
     _, summary = play(game, 3)
-    rows0 = summary[summary["round"] == 0]
+    rows0 = summary[summary["round"] == 1]
     numbers = game.round_numbers(rows0)
     assert numbers["mean"] is not None and game.round_text(rows0, numbers)
     assert game.reference_text(0) and game.describe()
     by_round = game.summary_by_round(summary)
-    assert list(by_round.index) == [0, 1, 2]
+    assert list(by_round.index) == [1, 2, 3]
     chart = game.round_chart()
-    rounds_rows = pd.DataFrame({"round": np.repeat([0, 1, 2], N), "guess": 5.0,
+    rounds_rows = pd.DataFrame({"round": np.repeat([1, 2, 3], N), "guess": 5.0,
                                 "status": "ok"})
     table = game.report_rounds(rounds_rows, summary)
-    assert table["round"].tolist() == [0, 1, 2]
+    assert table["round"].tolist() == [1, 2, 3]
     for column, _ in chart.series:
         assert column in table.columns
     mark = game.round_mark(by_round.iloc[0].to_dict())

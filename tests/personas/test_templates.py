@@ -6,7 +6,12 @@ import pytest
 from simpipe.config import ConfigError, config_from_dict
 from simpipe.personas.config import PopulationConfig
 from simpipe.personas.sampling import sample_partition
-from simpipe.personas.templates import default_template, render_template, template_fields
+from simpipe.personas.templates import (
+    default_template,
+    render_one,
+    render_template,
+    template_fields,
+)
 
 ATTRS = {"education": {"values": {"High School": 1, "Ph.D.": 1}}, "age": {"min": 18, "max": 80}}
 
@@ -42,6 +47,25 @@ def test_render_matches_str_format_row_by_row():
     rendered = render_template(template, frame).to_pylist()
     expected = [template.format(**row) for row in frame.to_dict("records")]
     assert rendered == expected
+
+
+def test_a_value_ending_a_sentence_takes_no_second_full_stop():
+    # The quickstart's template ends "... education is {education}."; "Ph.D." read "Ph.D..".
+    population = PopulationConfig(size=60, partitions=1, attributes={
+        "education": {"values": {"High School": 1, "Ph.D.": 1, "What?": 1}},
+        "gender": {"values": {"female": 1, "male": 1}}})
+    frame = sample_partition(population, 1, 0)
+    template = ("You are a {gender} person whose highest level of education is {education}. "
+                "Really {education}...")
+    rendered = render_template(template, frame).to_pylist()
+    for text, row in zip(rendered, frame.to_dict("records"), strict=True):
+        education = row["education"]
+        stop = "" if education in ("Ph.D.", "What?") else "."
+        assert text == (f"You are a {row['gender']} person whose highest level of education is "
+                        f"{education}{stop} Really {education}{stop}..")
+        assert render_one(template, row) == text  # the LLM fallback's path renders alike
+    assert {"High School", "Ph.D.", "What?"} <= set(frame["education"].astype(str))
+    assert not any(".." in t.split(" Really")[0] for t in rendered)
 
 
 def test_default_template_names_every_attribute():

@@ -39,7 +39,7 @@ def test_the_rounds_table_is_the_contributions(runs, tmp_path):
     rows = pd.read_parquet(runs["pg"] / "rounds", columns=["round", "guess"])
     rows["round"] = rows["round"].astype(int)
     by_round = rows.groupby("round")["guess"]
-    assert table["round"].tolist() == [0, 1, 2] and (table["n"] == 600).all()
+    assert table["round"].tolist() == [1, 2, 3] and (table["n"] == 600).all()
     np.testing.assert_allclose(table["mean_contribution"], by_round.mean())
     np.testing.assert_allclose(table["contribution_pct"], 100 * by_round.mean() / 20)
     np.testing.assert_allclose(table["sd"], by_round.std())
@@ -61,7 +61,7 @@ def test_first_and_last_period_beside_the_human_data(runs, tmp_path):
     assert human["human_pct"].tolist() == [39.5, 31.3] and (human["human_n"] == 140).all()
     rounds = pd.read_csv(tmp_path / "r" / "tables" / "rounds.csv").set_index(["run", "round"])
     assert human["run_pct"].tolist() == pytest.approx(
-        [rounds.loc[("pg", 0), "contribution_pct"], rounds.loc[("pg", 2), "contribution_pct"]])
+        [rounds.loc[("pg", 1), "contribution_pct"], rounds.loc[("pg", 3), "contribution_pct"]])
     section = report.section("human_reference")
     assert "Fischbacher" in section.citation and "Gaechter" in section.citation
     assert any("replication data" in n and "could not be re-checked" in n

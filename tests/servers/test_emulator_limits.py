@@ -219,6 +219,34 @@ def test_token_budgets_beyond_the_context_are_refused_as_vllm_and_tgi_do():
     assert fits[0] == 200 and fits[1]["usage"]["completion_tokens"] == 8000
 
 
+def test_samples_times_tokens_is_bounded_per_request():
+    """``n`` multiplied the per-choice bound: n = 1,024 of 8,000 tokens was an 8 MB answer and
+    1.5 s of the event loop (six at once stalled /health on another port)."""
+    from simpipe.servers.contract import MAX_LOGPROB_TOKENS, MAX_SAMPLED_TOKENS
+
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "Guess."}],
+            "ignore_eos": True}
+    with EmulatorProcess(profile="fast") as emu:
+        url = emu.url
+        huge = _request(url, "POST", "/v1/chat/completions",
+                        {**chat, "n": 1024, "max_tokens": 8000})
+        listed = _request(url, "POST", "/v1/completions", {
+            "model": MODEL, "prompt": "Guess.", "n": 64, "max_tokens": 1000, "logprobs": 0})
+        fits = _request(url, "POST", "/v1/chat/completions",
+                        {**chat, "n": 32, "max_tokens": 8000})
+        stats = _request(url, "GET", "/emulator/stats")[1]
+    assert huge[0] == 400 and huge[1]["error"]["param"] == "n"
+    assert huge[1]["error"]["type"] == "invalid_request_error"
+    assert f"at most {MAX_SAMPLED_TOKENS:,} per request" in huge[1]["error"]["message"]
+    assert "1024 x 8000" in huge[1]["error"]["message"]
+    assert listed[0] == 400
+    assert f"at most {MAX_LOGPROB_TOKENS:,} per request with logprobs" in \
+        listed[1]["error"]["message"]
+    assert fits[0] == 200 and len(fits[1]["choices"]) == 32
+    assert fits[1]["usage"]["completion_tokens"] == 32 * 8000 <= MAX_SAMPLED_TOKENS
+    assert stats["invalid"] == 2
+
+
 def test_queued_requests_are_bounded_in_bytes_503_beyond():
     prompt = "word " * 5600  # 7,000 tokens
     request = json.dumps({"model": MODEL, "prompt": prompt, "max_tokens": 16}).encode()

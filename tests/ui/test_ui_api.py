@@ -72,10 +72,10 @@ def test_run_detail_matches_summary_and_last_round(server, results):
     np.testing.assert_allclose([r["winning_guess"] for r in run["rounds"]],
                                summary["winning_guess"])
     assert run["equilibrium"] == 0.0
-    last = pd.read_parquet(results / "done" / "rounds" / "round=2")
+    last = pd.read_parquet(results / "done" / "rounds" / "round=3")  # rounds from 1
     valid = last.loc[last["status"] == "ok", "guess"]
     counts, _ = np.histogram(valid, bins=len(run["histogram"]["counts"]), range=(0, 100))
-    assert run["histogram"]["round"] == 2 and run["histogram"]["counts"] == counts.tolist()
+    assert run["histogram"]["round"] == 3 and run["histogram"]["counts"] == counts.tolist()
 
 
 def test_live_stream_sends_the_run(server):
@@ -352,7 +352,7 @@ def test_a_broken_run_json_is_listed_as_broken_and_the_others_still_list(server,
 
 
 @pytest.mark.parametrize("damaged, problem", [
-    ("rounds/round=2/part-00001.parquet", "not a readable Parquet file"),
+    ("rounds/round=3/part-00001.parquet", "not a readable Parquet file"),
     ("summary.parquet", "not a readable Parquet file"),
 ])
 def test_a_truncated_results_file_is_named_on_the_run_page(server, results, damaged, problem):

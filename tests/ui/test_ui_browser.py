@@ -254,9 +254,10 @@ def test_live_run_advances_then_cancel_and_resume(server, results, page, tmp_pat
         page.click('a[href="#/runs/live"]')
         page.wait_for_selector("#run-view[data-state]")
         page.evaluate(OBSERVE)
-        # Progress inside round 2 shown on the page, with no reload in between.
+        # Progress inside round 2 shown on the page, with no reload in between (the API
+        # numbers rounds from 1).
         page.wait_for_function("() => (window.__seen['1'] !== undefined) && "
-                               "window.__progress.some(p => p.startsWith('1:') && p !== '1:0')",
+                               "window.__progress.some(p => p.startsWith('2:') && p !== '2:0')",
                                timeout=90_000)
         shot(page, "run-live")
         page.click("#cancel-run")
@@ -285,10 +286,10 @@ def test_live_run_advances_then_cancel_and_resume(server, results, page, tmp_pat
                 p.wait()
     rounds = pd.read_parquet(results / "live" / "rounds", columns=["agent_id", "round"])
     assert rounds.groupby("round", observed=True).size().tolist() == [400, 400, 400]
-    latencies = {r: seen[str(r + 1)] / 1000 - t for r, t in watch.rounds.items()
-                 if str(r + 1) in seen}
+    # run.json's keys number rounds from 1: round r done is r rounds done.
+    latencies = {r: seen[str(r)] / 1000 - t for r, t in watch.rounds.items() if str(r) in seen}
     print("\nUI update latency (round record written -> page shows it), seconds: "
-          + ", ".join(f"round {r + 1}: {v:.2f}" for r, v in sorted(latencies.items())))
+          + ", ".join(f"round {r}: {v:.2f}" for r, v in sorted(latencies.items())))
     assert latencies
 
 
@@ -315,7 +316,7 @@ def test_broken_files_are_named_on_the_page(server, results, page):
     (results / "broken-ledger").mkdir()
     (results / "broken-ledger" / "run.json").write_text("[1, 2]")
     shutil.copytree(results / "finished-run", results / "truncated")
-    os.truncate(results / "truncated" / "rounds" / "round=3" / "part-00000.parquet", 100)
+    os.truncate(results / "truncated" / "rounds" / "round=4" / "part-00000.parquet", 100)
     try:
         page.goto(f"{server.url}/#/runs")
         page.wait_for_selector('tr[data-run="broken-ledger"][data-state="broken"]')
@@ -327,7 +328,7 @@ def test_broken_files_are_named_on_the_page(server, results, page):
         page.goto(f"{server.url}/#/runs/truncated")
         page.wait_for_selector("#run-problem")
         assert page.inner_text("#run-problem").startswith(
-            "rounds/round=3/part-00000.parquet: not a readable Parquet file")
+            "rounds/round=4/part-00000.parquet: not a readable Parquet file")
         assert page.locator("#chart-rounds circle").count() == 12  # the rest still drawn
         shot(page, "run-broken-file")
     finally:

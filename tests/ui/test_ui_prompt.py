@@ -39,7 +39,7 @@ def test_the_route_serves_the_rebuilt_prompt(results):
         status, data = get(srv, "/api/runs/stubbed/prompt?agent=19&round=3")
         assert status == 200
         assert data["text"] == data["prompt"] == rebuild_prompt(results / "stubbed", 19, 2).prompt
-        assert (data["agent_id"], data["round"], data["rounds_total"]) == (19, 2, 3)
+        assert (data["agent_id"], data["round"], data["rounds_total"]) == (19, 3, 3)
         assert data["tokens_in"] > 0 and data["style"] == "completion"
 
 

@@ -42,7 +42,7 @@ def test_the_api_gives_the_games_statistics_and_reference(server, results):
     by_round = summary.groupby("round")
     pct = 100 * by_round["total_contribution"].sum() / by_round["n"].sum() / 20
     assert run["kind"] == "public_goods" and run["equilibrium"] == 0.0
-    assert [r["round"] for r in run["rounds"]] == [0, 1, 2]
+    assert [r["round"] for r in run["rounds"]] == [1, 2, 3]
     np.testing.assert_allclose([r["contribution_pct"] for r in run["rounds"]], pct)
     np.testing.assert_allclose([r["mean"] for r in run["rounds"]], pct / 100 * 20)
     assert run["chart"]["series"] == [["contribution_pct", "mean contribution"]]
@@ -51,7 +51,7 @@ def test_the_api_gives_the_games_statistics_and_reference(server, results):
     assert ["contribution_pct", "% of endowment"] in run["round_columns"]
     assert "groups of 4, endowment 20, MPCR 0.4" in run["describe"]
     # One bar per whole number of points, counted from the last round's part files.
-    last = pd.read_parquet(results / "pg" / "rounds" / "round=2")
+    last = pd.read_parquet(results / "pg" / "rounds" / "round=3")
     hist = run["histogram"]
     assert hist["edges"][0] == -0.5 and hist["edges"][-1] == 20.5 and len(hist["counts"]) == 21
     assert hist["counts"] == np.bincount(last["guess"].astype(int), minlength=21).tolist()

@@ -176,7 +176,8 @@ function showRuns() {
 const SERIES_COLORS = [["#2563eb", "sw-mean"], ["#ea7a0c", "sw-target"], ["#16a34a", "sw-win"]];
 
 // The game's per-round chart as the API describes it (run.chart: y range, series, levels,
-// human reference); the beauty contest's is mean, target and winning number.
+// human reference); the beauty contest's is mean, target and winning guess. x(r): round
+// index r from 0 (the API numbers rounds from 1).
 function lineChart(run) {
   const W = 620, H = 280, L = 44, R = 12, T = 12, B = 34;
   const chart = run.chart;
@@ -208,8 +209,8 @@ function lineChart(run) {
     const color = SERIES_COLORS[i % SERIES_COLORS.length][0];
     const pts = run.rounds.filter((p) => p[key] !== null && p[key] !== undefined);
     if (!pts.length) return;
-    svg.append(s("polyline", { fill: "none", stroke: color, "stroke-width": 2, points: pts.map((p) => `${x(p.round)},${y(p[key])}`).join(" ") }));
-    for (const p of pts) svg.append(s("circle", { cx: x(p.round), cy: y(p[key]), r: 3.5, fill: color }, s("title", {}, `round ${p.round + 1} ${key}: ${fmt.num(p[key])}`)));
+    svg.append(s("polyline", { fill: "none", stroke: color, "stroke-width": 2, points: pts.map((p) => `${x(p.round - 1)},${y(p[key])}`).join(" ") }));
+    for (const p of pts) svg.append(s("circle", { cx: x(p.round - 1), cy: y(p[key]), r: 3.5, fill: color }, s("title", {}, `round ${p.round} ${key}: ${fmt.num(p[key])}`)));
   });
   const legend = h("div", { className: "legend" },
     chart.series.map(([, label], i) => h("span", {}, h("i", { className: SERIES_COLORS[i % SERIES_COLORS.length][1] }), label)),
@@ -250,7 +251,7 @@ function histogram(run) {
     svg.append(s("line", { x1: x(run.equilibrium), x2: x(run.equilibrium), y1: T, y2: H - B, stroke: "#8a93a3", "stroke-dasharray": "6 4", "stroke-width": 1.5 }));
   }
   return h("div", {}, svg, h("div", { className: "legend" },
-    h("span", {}, `round ${hist.round + 1}: ${fmt.int(hist.n_valid)} valid ${run.answer_plural} of ${fmt.int(hist.n)}`),
+    h("span", {}, `round ${hist.round}: ${fmt.int(hist.n_valid)} valid ${run.answer_plural} of ${fmt.int(hist.n)}`),
     mark ? h("span", {}, h("i", { className: "sw-target" }), mark.label) : null, h("span", {}, h("i", { className: "sw-eq" }), run.equilibrium_name)));
 }
 
@@ -266,7 +267,7 @@ function progressCard(run) {
   const fill = h("div", {});
   fill.style.width = `${(frac * 100).toFixed(1)}%`;  // CSSOM, allowed by the page's CSP
   card.append(
-    h("p", {}, `Round ${p.round + 1} of ${run.rounds_total}: `,
+    h("p", {}, `Round ${p.round} of ${run.rounds_total}: `,
       h("strong", { id: "partitions" }, `${p.partitions_done}/${p.partitions_total}`), " partitions, ",
       h("span", { id: "agents-done" }, p.agents_total ? `${fmt.int(p.agents_done)}/${fmt.int(p.agents_total)}` : fmt.int(p.agents_done)), " agents, ",
       p.agents_per_s ? `${fmt.int(Math.round(p.agents_per_s))} agents/s` : "– agents/s",
@@ -282,12 +283,12 @@ function roundsTable(run) {
   const cols = ["round", "n", "valid", "unparsed", "out of range", "error", "truncated", "no final answer", ...game.map(([, label]) => label), "time", "agents/s"];
   return h("table", { id: "rounds-table" }, h("thead", {}, h("tr", {}, cols.map((c) => h("th", { className: c === "round" ? "" : "num" }, c)))),
     h("tbody", {}, run.rounds.map((r) => h("tr", { "data-round": r.round },
-      h("td", {}, r.round + 1), h("td", { className: "num" }, fmt.int(r.n)), h("td", { className: "num" }, fmt.int(r.n_valid)),
+      h("td", {}, r.round), h("td", { className: "num" }, fmt.int(r.n)), h("td", { className: "num" }, fmt.int(r.n_valid)),
       h("td", { className: "num" }, fmt.int(r.n_unparsed)), h("td", { className: "num" }, fmt.int(r.n_out_of_range)),
       h("td", { className: "num" }, fmt.int(r.n_error)),
       h("td", { className: "num", "data-col": "n_truncated" }, fmt.int(r.n_truncated)),
       h("td", { className: "num", "data-col": "n_no_final_answer" }, fmt.int(r.n_no_final_answer)),
-      game.map(([key]) => h("td", { className: "num", "data-col": key }, fmt.num(r[key]))),
+      game.map(([key]) => h("td", { className: key === "mean" && r.valid_enough === false ? "num flagged" : "num", "data-col": key, title: key === "mean" && r.flag ? `not valid enough: ${r.flag}` : null }, fmt.num(r[key]), key === "mean" && r.valid_enough === false ? " \u26A0" : "")),
       h("td", { className: "num" }, fmt.secs(r.elapsed_s)),
       h("td", { className: "num" }, fmt.int(r.agents_per_s ? Math.round(r.agents_per_s) : null))))));
 }
@@ -335,7 +336,7 @@ function renderRun(box, run) {
     buttons,
     h("div", { className: "card" }, h("dl", { className: "kv" },
       h("dt", {}, "game"), h("dd", { id: "game-line" }, run.describe),
-      h("dt", {}, "agents"), h("dd", {}, `${fmt.int(run.n_agents)} in ${run.n_partitions} partitions, backend ${run.backend}`),
+      h("dt", {}, "agents"), h("dd", {}, `${fmt.int(run.n_agents)} in ${run.n_partitions} partitions, backend ${run.backend}` + (run.answers_source && run.answers_source !== "model" ? `, ${run.answers_source} answers` : "")),
       h("dt", {}, "config hash"), h("dd", {}, run.config_hash || "–"),
       h("dt", {}, "rounds"), h("dd", { id: "rounds-done" }, `${run.rounds_done}/${run.rounds_total}`),
       h("dt", {}, "wall time"), h("dd", {}, fmt.secs(run.wall_s)),
@@ -362,7 +363,7 @@ function promptCard(name) {
     note.textContent = "…";
     try {
       const p = await api(`/api/runs/${encodeURIComponent(name)}/prompt?agent=${encodeURIComponent(agent.value)}&round=${encodeURIComponent(round.value)}`);
-      note.textContent = `agent ${p.agent_id}, round ${p.round + 1} of ${p.rounds_total}, group ${p.group_id}, ${p.style} prompt, ` +
+      note.textContent = `agent ${p.agent_id}, round ${p.round} of ${p.rounds_total}, group ${p.group_id}, ${p.style} prompt, ` +
         (p.tokens_in === null ? "not played yet" : `${fmt.int(p.tokens_in)} prompt tokens as the model counted`);
       out.textContent = p.text;  // text, never markup: a persona is untrusted
     } catch (e) {
