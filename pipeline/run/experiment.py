@@ -671,12 +671,14 @@ def _first_round(run_dir: Path) -> str:
     except CorruptFile:
         return ""
     first = ledger.round(0)
-    if first is None or first.mean is None:
+    if first is None:
         return ""
     why = validity.problem(first.n, first.n_valid)
     marks = [m for m in (f"NOT VALID ENOUGH: {why}" if why else "",
                          validity.source_label(ledger.answers_source)) if m]
-    return (f" (first-round mean {first.mean:.2f}, n {first.n_valid:,} valid of {first.n:,}"
+    # A round without one valid answer has no mean, and says so rather than nothing.
+    mean = "no mean" if first.mean is None else f"mean {first.mean:.2f}"
+    return (f" (first-round {mean}, n {first.n_valid:,} valid of {first.n:,}"
             + "".join(f"; {m}" for m in marks) + ")")
 
 
