@@ -11,7 +11,7 @@ from distributed import Client, LocalCluster
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (``-n 2`` in pyproject.toml), every test that uses the one-node
+    """Under pytest-xdist (``python -m pytest -n 2``), every test that uses the one-node
     SLURM cluster runs on the same xdist worker, one after another: the node has two CPUs,
     and a test counting its own worker jobs must not see another test's."""
     for item in items:
