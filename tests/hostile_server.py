@@ -112,6 +112,7 @@ class HostileServer:
                                         name="hostile-server")
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
+        self._tasks: set[asyncio.Task] = set()
 
     def __enter__(self) -> str:
         self._thread.start()
@@ -131,10 +132,17 @@ class HostileServer:
         self._server.close()
         for writer in list(self._writers):
             writer.transport.abort()
+        # A connection's task left pending when the loop closes is logged as "Task was
+        # destroyed but it is pending!" whenever it is collected, inside a later test.
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         await self._server.wait_closed()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._writers.add(writer)
+        task = asyncio.current_task()
+        self._tasks.add(task)
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
@@ -167,6 +175,7 @@ class HostileServer:
             pass
         finally:
             self._writers.discard(writer)
+            self._tasks.discard(task)
             writer.transport.abort()
 
     async def _write(self, writer: asyncio.StreamWriter, data: bytes) -> None:

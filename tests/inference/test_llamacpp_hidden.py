@@ -128,7 +128,7 @@ def test_a_model_whose_logits_are_not_reproduced_keeps_the_servers_probes(
         with caplog.at_level(logging.WARNING, "simpipe.inference.llamacpp"):
             assert b.exact_answer_logits(vocab, PLAIN) is None
             assert b.exact_answer_logits(vocab, PLAIN) is None
-        warned = [r.getMessage() for r in caplog.records]
+        warned = [r.getMessage() for r in caplog.records if r.name.startswith("simpipe.")]
         assert len(warned) == 1 and "differ from llama.cpp's" in warned[0]
         with b.logprob_chain(vocab, PLAIN) as probe_for:
             top, _, _ = probe_for("My number:")((), 16)
@@ -230,7 +230,7 @@ def test_any_failure_of_the_exact_path_falls_back_with_one_warning(monkeypatch, 
             with b.logprob_chain(vocab, PLAIN) as probe_for:
                 top, _, _ = probe_for("My number:")((), 16)
             assert b.exact_answer_logits(vocab, PLAIN) is None
-        warned = [r.getMessage() for r in caplog.records]
+        warned = [r.getMessage() for r in caplog.records if r.name.startswith("simpipe.")]
         assert len(warned) == 1 and why in warned[0], warned
         assert not top.complete and len(top.ids) == 16 and b._hidden is None
         with b.logprob_chain() as probe_for:
@@ -272,7 +272,7 @@ def test_a_model_file_replaced_after_the_server_loaded_it_is_never_read(tmp_path
             with b.logprob_chain(vocab, PLAIN) as probe_for:
                 got = [answer_distribution(probe_for(p), LANG, vocab, PLAIN, 4)
                        for p in prompts]
-        warned = [r.getMessage() for r in caplog.records]
+        warned = [r.getMessage() for r in caplog.records if r.name.startswith("simpipe.")]
         assert len(warned) == 1, warned
         assert "agents.llamacpp.model_path" in warned[0] and "replaced or rewritten" in warned[0]
         for g, w in zip(got, want, strict=True):
