@@ -11,11 +11,11 @@ import os
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
-import pyarrow as pa
-import pyarrow.parquet as pq
+if TYPE_CHECKING:  # loaded where a Parquet file is written: `simpipe validate` writes none
+    import pandas as pd
+    import pyarrow as pa
 
 TEMP_SUFFIX = ".tmp"
 CORRUPT_MARK = ".corrupt-"
@@ -26,6 +26,9 @@ def _temp_for(path: Path) -> Path:
 
 
 def write_parquet_atomic(frame: pd.DataFrame | pa.Table, path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     path.parent.mkdir(parents=True, exist_ok=True)
     table = (frame if isinstance(frame, pa.Table)
              else pa.Table.from_pandas(frame, preserve_index=False))

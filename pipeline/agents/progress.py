@@ -20,9 +20,10 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from distributed import Client, get_worker
-from distributed.client import ClosedClientError
+if TYPE_CHECKING:  # distributed is loaded where a task reports: `simpipe validate` runs none
+    from distributed import Client
 
 #: At most one event per task this often: a million-agent round sends a few hundred events.
 MIN_INTERVAL_S = 0.5
@@ -85,6 +86,8 @@ class TaskReporter:
 def reporting(topic: str, round_index: int, partition: int) -> Iterator[TaskReporter | None]:
     """Within this block, ``report_agents`` in this thread reports to ``topic`` (on a Dask
     worker only; elsewhere, or with no topic, it yields None and nothing is sent)."""
+    from distributed import get_worker
+
     try:
         worker = get_worker() if topic else None
     except ValueError:  # not running in a Dask worker
@@ -150,6 +153,8 @@ class ProgressWatch:
 
     def close(self) -> None:
         """Stop the scheduler sending this topic's events (a shared client runs on)."""
+        from distributed.client import ClosedClientError
+
         try:
             self.client.unsubscribe_topic(self.topic)
         except (ValueError, ClosedClientError):

@@ -9,12 +9,12 @@ from pathlib import Path
 import click
 
 from simpipe.errors import SimpipeError
-from simpipe.ui.security import TOKEN_ENV, is_loopback
 
 
 @click.command("ui")
 @click.option("--host", default="127.0.0.1", show_default=True,
-              help=f"Address to listen on; anything but loopback needs ${TOKEN_ENV}.")
+              # spelled out: simpipe.ui.security (TOKEN_ENV) imports aiohttp, too heavy here
+              help="Address to listen on; anything but loopback needs $SIMPIPE_UI_TOKEN.")
 @click.option("--port", default=8765, show_default=True, type=click.IntRange(0, 65535))
 @click.option("--results", "results", default="results", show_default=True,
               type=click.Path(file_okay=False), help="The results root (run.output_dir).")
@@ -23,6 +23,7 @@ def ui_command(host: str, port: int, results: str) -> None:
     from aiohttp import web  # keep `simpipe --help` light
 
     from simpipe.ui.app import make_app
+    from simpipe.ui.security import TOKEN_ENV, is_loopback
 
     token = os.environ.get(TOKEN_ENV) or None
     loopback = is_loopback(host)

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from simpipe.files import TEMP_SUFFIX
+
+if TYPE_CHECKING:  # the CLI imports this module to name files: pandas is loaded where used
+    import pandas as pd
 
 PART_DIGITS = 5  # part-00003.parquet: lexical order is partition order
 
@@ -74,6 +76,8 @@ def numbered_from_one(frame: pd.DataFrame, first_round: int) -> pd.DataFrame:
     """``frame`` (the rows of a run's summary or rounds) with its ``round`` column numbered
     from 1 (int64 where it was the rounds' folder names), from a run whose first round is
     ``first_round`` on disk."""
+    import pandas as pd
+
     if "round" not in frame:
         return frame
     rounds = frame["round"]
