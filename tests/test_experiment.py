@@ -263,3 +263,21 @@ def test_an_experiment_named_another_way_before_resumes_in_its_folders(
     assert len({c.name.lower() for c in both.cells}) == 3
     assert both.cells[2].name == old[0] and both.cells[0].name == new_names[0]
     assert both.cells[1].name == old[1]
+
+
+def test_a_cell_whose_first_round_has_no_valid_answer_says_no_mean_and_not_valid(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Every answer fails (a server that refuses connections): the cell's line must say the
+    # round has no mean and why it is not data, not print "mean nan" or leave the part out.
+    raw = raw_config(tmp_path, {"game.ratio": ["1/2"]})
+    raw["population"]["size"] = 20
+    raw["game"]["rounds"] = 1
+    raw["agents"] = {"backend": "tgi",
+                     "tgi": {"endpoints": ["http://127.0.0.1:1"], "retries": 0}}
+    result = run_experiment(experiment_from_dict(raw), console=Console())
+    out = capsys.readouterr().out
+    [cell_line] = [line for line in out.splitlines() if "finished in" in line]
+    assert "(first-round no mean, n 0 valid of 20; NOT VALID ENOUGH: " in cell_line, cell_line
+    assert "nan" not in cell_line
+    [run_dir] = result.run_dirs  # played to the end: one error row per agent
+    assert (read_rounds(run_dir)["status"] == "error").sum() == 20
