@@ -35,18 +35,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from simpipe.answers.tree import Path, TreeShape, draw_answers
 from simpipe.games.answer_format import IntegerAnswers
-from simpipe.inference.answer_tree import Path, TreeShape, draw_answers
-from simpipe.inference.gguf_vocab import AnswerVocab
-from simpipe.inference.llamacpp_sampler import ChainSettings, NextToken, TopLogprobs, next_token
+from simpipe.inference.llamacpp.sampler import next_token
+from simpipe.inference.types import AnswerVocab, ChainSettings, NextToken, Probe, TopLogprobs
 
 #: sampler(top, valid, n_unseen_valid, settings) -> NextToken | None: a server's sampler model
 Sampler = Callable[[TopLogprobs, frozenset[int] | set[int], int, ChainSettings],
                    NextToken | None]
-
-#: probe(path, n) -> (the top-n raw log-probabilities after prompt + path, prompt tokens the
-#: model evaluated for it, tokens it generated)
-Probe = Callable[[tuple[int, ...], int], tuple[TopLogprobs, int, int]]
 
 DEFAULT_TOP_N = 256  # measured: 24 ms per call against 22 ms for 64 (Gemma 3 270M, cached)
 RETRY_TOP_N = 4096  # asked again at the prefixes whose first top n leave too much unseen
@@ -93,10 +89,6 @@ class AnswerDistribution:
             raise ValueError("this distribution has no tree to walk")
         return draw_answers(lambda path, text, reach: self.nodes.get(path), self.shape,
                             uniforms)
-
-
-class ProbeError(RuntimeError):
-    """The model did not return next-token log-probabilities for a prompt."""
 
 
 class TooMuchUnseen(RuntimeError):

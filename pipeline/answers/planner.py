@@ -41,7 +41,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from simpipe.agents.registry import backend_class
+from simpipe.answers.capabilities import backend_class
 from simpipe.config import Config
 from simpipe.inference.cost_model import CostModel
 from simpipe.servers.emulator_profiles import get_profile

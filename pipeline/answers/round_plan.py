@@ -3,12 +3,13 @@
 Without a plan each worker process computes the answer distribution of every prompt its
 partitions need and caches it: a prompt held by agents of every partition is computed once
 per worker, so a second worker only repeats the first one's work. Where LLM agents share
-answers (``simpipe.agents.shared_answers.sharing_refusal`` is None) a round is therefore
+answers (``simpipe.answers.shared.sharing_refusal`` is None) a round is therefore
 played in three stages:
 
 1. one task per partition renders its distinct prompts (``partition_prompts``) and keeps
-   them on its worker; the client gathers only their 64-bit hashes, group hashes
-   (``prompt_group``: the text before the agent's own line and the cue) and agent counts;
+   them on its worker (``prompt_tally``); the client gathers only their 64-bit hashes,
+   group hashes (``prompt_group``: the text before the agent's own line and the cue) and
+   agent counts;
 2. the client merges them into the round's distinct prompts, each with its agents in all
    partitions; those worth a distribution (``worth_a_distribution`` on that count) are
    ordered by group, then hash, and cut into chunks of ``chunk_size`` in that order (a
@@ -25,49 +26,27 @@ each distribution is computed as one lone sequence (``SharedAnswers``), so the s
 gives the same guesses on any number of workers. A distribution's cost (model calls,
 tokens) is charged to the agents of the lowest-numbered partition played that holds the
 prompt, so a round's token columns still sum to what the model spent.
+
+This module decides (what is planned, in which chunks, charged to whom); the stages' tasks,
+which read a partition, render its agents' prompts, compute a chunk with the worker's
+policy and play a partition, are ``simpipe.run.planned_round``: they need the agents and
+the run, two layers above the answers.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
-import pandas as pd
-from distributed import Client, Future
 
-from simpipe.agents.answer_methods import (
-    LAZY_METHODS,
-    METHODS,
-    AnswerCosts,
-    answer_costs,
-    methods_record,
-)
-from simpipe.agents.llm import _prompt_key, distinct_prompts
-from simpipe.agents.registry import (
-    backend_supports_distributions,
-    backend_walks_lazily,
-    get_policy,
-    prompt_style,
-)
-from simpipe.agents.shared_answers import (
-    Lookup,
-    prompt_hash,
-    sharing_refusal,
-    worth_a_distribution,
-)
+from simpipe.answers.capabilities import backend_supports_distributions, prompt_style
+from simpipe.answers.distribution import AnswerDistribution
+from simpipe.answers.planner import LAZY_METHODS, METHODS, AnswerCosts, methods_record
+from simpipe.answers.shared import Lookup, prompt_hash, sharing_refusal, worth_a_distribution
 from simpipe.config import Config
-from simpipe.games.registry import game_for
-from simpipe.inference.answer_distribution import AnswerDistribution
 from simpipe.inference.cost_model import approx_tokens
-from simpipe.inference.llamacpp_sampler import ChainSettings
 from simpipe.population_mix import mix_attribute
-from simpipe.run.round_task import (
-    PartitionJob,
-    PartitionOutcome,
-    partition_turn,
-    play_partition,
-)
 
 #: Most prompts per stage-2 task: a distribution is ~22 one-token calls (~0.5 s on 2 cores),
 #: so a chunk is seconds of work, and a round of ~1,000 prompts is ~130 tasks to spread.
@@ -84,7 +63,8 @@ def chunk_size(n_prompts: int) -> int:
     cluster."""
     return max(1, min(CHUNK_PROMPTS, -(-n_prompts // MIN_CHUNKS)))
 
-_EMPTY = np.empty(0, np.uint64)
+#: No prompts (a partition that carries no planned prompt's cost).
+EMPTY_HASHES = np.empty(0, np.uint64)
 
 
 def plans_rounds(config: Config) -> bool:
@@ -113,7 +93,7 @@ class PromptTally:
     # each prompt a group of its own.
     groups: np.ndarray | None = None
     # Per prompt, its tokens and those of its last two lines (``approx_tokens``): what the
-    # plan prices (``simpipe.agents.answer_methods``); None: unknown (priced as 1 and 1).
+    # plan prices (``simpipe.answers.planner``); None: unknown (priced as 1 and 1).
     tokens: np.ndarray | None = None
     own_tokens: np.ndarray | None = None
 
@@ -126,14 +106,10 @@ class PartitionPrompts:
     texts: dict[int, str]
 
 
-def partition_prompts(job: PartitionJob, feedback: np.ndarray) -> PartitionPrompts:
-    """Stage 1 (a worker task): render this partition's distinct prompts, as its play will."""
-    paths = job.paths
-    played = not paths.round_part(job.round_index, job.partition).exists()
-    agents = pd.read_parquet(paths.population_part(job.partition))
-    turn = partition_turn(job, feedback, len(agents), needs_own_answers=True)
-    codes, prompts = distinct_prompts(agents, turn, prompt_style(job.config.agents))
-    keys = [_prompt_key(p) for p in prompts]
+def prompt_tally(partition: int, played: bool, codes: np.ndarray,
+                 keys: Sequence[str]) -> PartitionPrompts:
+    """Stage 1's result from a partition's distinct prompts: ``keys`` (``prompt_key`` of
+    each), ``codes`` (which of them each agent holds); ``played``: see ``PromptTally``."""
     hashes = np.fromiter((prompt_hash(k) for k in keys), np.uint64, len(keys))
     counts = np.bincount(codes, minlength=len(keys)).astype(np.int64)
     groups = np.fromiter((prompt_group(k) for k in keys), np.uint64, len(keys))
@@ -141,7 +117,7 @@ def partition_prompts(job: PartitionJob, feedback: np.ndarray) -> PartitionPromp
     own = np.fromiter((approx_tokens(len(k) - len(k.rsplit("\n", 2)[0])) for k in keys),
                       np.int64, len(keys))
     order = np.argsort(hashes, kind="stable")
-    tally = PromptTally(job.partition, played, hashes[order], counts[order], groups[order],
+    tally = PromptTally(partition, played, hashes[order], counts[order], groups[order],
                         tokens[order], own[order])
     return PartitionPrompts(tally, {int(h): k for h, k in zip(hashes.tolist(), keys, strict=True)})
 
@@ -171,7 +147,7 @@ class Layout:
     # Per chunk, the round's agents on each of its prompts (a tree's pruning follows it).
     agents: list[np.ndarray]
     # How the round's distinct prompts are answered (run.json's ``answer_methods``:
-    # ``simpipe.agents.answer_methods.methods_record``).
+    # ``simpipe.answers.planner.methods_record``).
     methods: dict = field(default_factory=dict)
 
     @property
@@ -186,14 +162,14 @@ def layout(tallies: Sequence[PromptTally], min_agents: int,
     ones worth a distribution (held by a partition still to be played) in chunks of
     ``chunk_prompts`` (by default ``chunk_size`` of their number). Worth one: by the
     embedded engine's measured rule (``lazy_walks``), else the cheapest of the back-end's
-    ways to answer a prompt (``costs``: ``simpipe.agents.answer_methods``), else held by
+    ways to answer a prompt (``costs``: ``simpipe.answers.planner``), else held by
     ``min_agents``; all on the round's counts."""
     tallies = sorted(tallies, key=lambda t: t.partition)
     if not tallies:
         return Layout(0, [], {}, [])
-    hashes = np.concatenate([t.hashes for t in tallies] + [_EMPTY])
+    hashes = np.concatenate([t.hashes for t in tallies] + [EMPTY_HASHES])
     groups = np.concatenate([t.hashes if t.groups is None else t.groups for t in tallies]
-                            + [_EMPTY])
+                            + [EMPTY_HASHES])
     counts = np.concatenate([t.counts for t in tallies] + [np.empty(0, np.int64)])
     parts = np.concatenate([np.full(t.hashes.size, t.partition, np.int64) for t in tallies]
                            + [np.empty(0, np.int64)])
@@ -265,34 +241,6 @@ def texts_of(found: PartitionPrompts, planned: np.ndarray) -> dict[int, str]:
     return {h: found.texts[h] for h in planned.tolist() if h in found.texts}
 
 
-def plan_chunk(config: Config, hashes: np.ndarray, agents: np.ndarray,
-               *texts_by_part: dict[int, str]) -> PlannedChunk:
-    """Stage 2 (a worker task): the distributions of one chunk's prompts, in its order;
-    ``agents``: the round's agents on each (how much of a tree is worth probing)."""
-    wanted = hashes.tolist()
-    texts: dict[int, str] = {}
-    for part in texts_by_part:
-        for h in wanted:
-            if h not in texts and h in part:
-                texts[h] = part[h]
-    policy = get_policy(config.agents)
-    shared = policy.shared  # type: ignore[attr-defined]
-    s = config.agents
-    settings = ChainSettings(s.temperature, s.top_p, s.top_k, s.min_p)
-    bounds = game_for(config.game).answer().bounds
-    # The chunk's prompts in text order, one chain: neighbours share the rules and often the
-    # persona, so each costs its distinct suffix. The chunk (layout order, fixed size) and this
-    # order depend only on the prompts, so the numbers are the same on any worker.
-    order = sorted(range(len(wanted)), key=lambda i: texts[wanted[i]])
-    counts = agents.tolist()
-    chained = shared.compute_chain([texts[wanted[i]] for i in order], settings, s.max_tokens,
-                                   bounds, s.share_max_unseen, [counts[i] for i in order])
-    lookups: list[Lookup] = [None] * len(wanted)  # type: ignore[list-item]
-    for i, found in zip(order, chained, strict=True):
-        lookups[i] = found
-    return PlannedChunk([texts[h] for h in wanted], wanted, lookups)
-
-
 def planned_for(chunks: Sequence[PlannedChunk],
                 owned: np.ndarray) -> dict[str, AnswerDistribution]:
     """``Turn.planned`` of one partition: every pinned-down distribution, charged with its
@@ -312,47 +260,3 @@ def planned_for(chunks: Sequence[PlannedChunk],
     return planned
 
 
-def play_planned_partition(job: PartitionJob, feedback: np.ndarray, owned: np.ndarray,
-                           chunks: list[PlannedChunk]) -> PartitionOutcome:
-    """Stage 3 (a worker task): the partition played with the round's planned distributions."""
-    return play_partition(job, feedback, planned_for(chunks, owned))
-
-
-#: Waits for the futures (progress, cancel) with a label for the progress bar.
-Await = Callable[[list[Future], str], None]
-
-
-@dataclass
-class RoundPlan:
-    """What stage 3 needs: the chunks (futures on the workers) and each partition's share."""
-
-    layout: Layout
-    chunks: list[Future]
-
-    def submit_partition(self, client: Client, job: PartitionJob, feedback: Future,
-                         key: str) -> Future:
-        owned = self.layout.owned.get(job.partition, _EMPTY)
-        return client.submit(play_planned_partition, job, feedback, owned, self.chunks,
-                             key=key, pure=False)
-
-
-def plan_round(client: Client, config: Config, jobs: Sequence[PartitionJob], feedback: Future,
-               key: str, wait: Await) -> RoundPlan:
-    """Stages 1 and 2 of a round: the planned distributions, computed on the workers."""
-    found = [client.submit(partition_prompts, job, feedback, key=f"prompts-{key}-part-{k}",
-                           pure=False) for k, job in enumerate(jobs)]
-    tallies_f = [client.submit(tally_of, f, key=f"tally-{key}-part-{k}", pure=False)
-                 for k, f in enumerate(found)]
-    wait(tallies_f, "prompts")
-    plan = layout(client.gather(tallies_f), config.agents.share_min_agents,
-                  lazy_walks=backend_walks_lazily(config.agents), costs=answer_costs(config))
-    if not plan.chunks:
-        return RoundPlan(plan, [])
-    chosen = np.concatenate(plan.chunks)
-    texts = [client.submit(texts_of, f, chosen, key=f"texts-{key}-part-{k}", pure=False)
-             for k, f in enumerate(found)]
-    chunks = [client.submit(plan_chunk, config, hashes, agents, *texts,
-                            key=f"plan-{key}-chunk-{i}", pure=False)
-              for i, (hashes, agents) in enumerate(zip(plan.chunks, plan.agents, strict=True))]
-    wait(chunks, "distributions")
-    return RoundPlan(plan, chunks)

@@ -2,10 +2,10 @@
 
 When sharing applies (``sharing_refusal`` returns None), a partition groups its agents by
 their exact prompt; each distinct prompt's answer distribution comes from this worker
-process's cache, or is computed once (``simpipe.inference.answer_distribution``) and cached
+process's cache, or is computed once (``simpipe.answers.distribution``) and cached
 for every partition this process plays; each agent then draws its own answer with its own
 seed. Two partitions needing the same prompt at the same time compute it once. Where the
-round is planned (``simpipe.run.round_plan``) the distributions come with the turn
+round is planned (``simpipe.answers.round_plan``) the distributions come with the turn
 (``Turn.planned``), computed once for the round, and this rule applies to the round's count.
 
 Cost accounting: the tokens a computation spent are split (whole tokens, largest
@@ -16,6 +16,7 @@ distribution already in the cache show 0. Column sums per round are the tokens r
 from __future__ import annotations
 
 import hashlib
+import json
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -23,20 +24,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from simpipe.agents.seeds import GOLDEN, splitmix64
-from simpipe.backends import BACKENDS
-from simpipe.games.answer_format import IntegerAnswers
-from simpipe.games.config import AnyGameConfig
-from simpipe.inference.answer_distribution import (
+from simpipe.answers.distribution import (
     PRUNE_BELOW,
     AnswerDistribution,
-    Probe,
-    ProbeError,
     TooMuchUnseen,
     answer_distribution,
 )
+from simpipe.backends import BACKENDS
+from simpipe.games.answer_format import IntegerAnswers
+from simpipe.games.config import AnyGameConfig
 from simpipe.inference.base import Backend
-from simpipe.inference.llamacpp_sampler import ChainSettings
+from simpipe.inference.types import ChainSettings, Probe, ProbeError
+from simpipe.seeds import GOLDEN, splitmix64
 
 _DRAW_STREAM = np.uint64(0xD1B54A32D192ED03)
 _STEP_STREAM = np.uint64(0x94D049BB133111EB)
@@ -113,7 +112,7 @@ def prune_below(agents_on_prompt: int) -> float:
 
 def worth_a_distribution(n_agents: int, min_agents: int, lazy_walks: bool = False) -> bool:
     """Whether a prompt held by ``n_agents`` agents gets a full shared distribution: the one
-    rule, applied to a round's count where the round is planned (``simpipe.run.round_plan``)
+    rule, applied to a round's count where the round is planned (``simpipe.answers.round_plan``)
     and to a partition's otherwise. ``lazy_walks``: the back-end can walk a prompt's tree
     lazily (the embedded engine), so the measured cost decides (``full_tree_pays``); else a
     prompt with fewer than ``min_agents`` agents gets one call per agent."""
@@ -124,12 +123,19 @@ def worth_a_distribution(n_agents: int, min_agents: int, lazy_walks: bool = Fals
 
 def step_uniforms(seeds: np.ndarray, steps: int) -> np.ndarray:
     """``steps`` uniforms in [0, 1) per agent seed (agents x steps), one per token of an
-    answer walked through its tree (``simpipe.inference.answer_tree``): splitmix64 of the
+    answer walked through its tree (``simpipe.answers.tree``): splitmix64 of the
     seed's stream and the step, 53 bits each."""
     with np.errstate(over="ignore"):
         base = (seeds.astype(np.uint64) ^ _DRAW_STREAM) * GOLDEN
         x = base[:, None] + np.arange(1, steps + 1, dtype=np.uint64)[None, :] * _STEP_STREAM
     return (splitmix64(x) >> np.uint64(11)).astype(np.float64) * (1.0 / 2**53)
+
+
+def prompt_key(prompt: object) -> str:
+    """The text that identifies a prompt, a completion's text or a chat's messages (as
+    sorted JSON): equal keys, equal prompts; what ``prompt_hash`` hashes and the round plan
+    and the cache key prompts by."""
+    return prompt if isinstance(prompt, str) else json.dumps(prompt, sort_keys=True)
 
 
 def prompt_hash(prompt: str) -> int:

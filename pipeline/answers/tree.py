@@ -20,8 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from simpipe.games.answer_format import IntegerAnswers
-from simpipe.inference.gguf_vocab import AnswerVocab
-from simpipe.inference.llamacpp_sampler import NextToken
+from simpipe.inference.types import AnswerVocab, NextToken
 
 Path = tuple[int, ...]
 #: node(path, text, reach) -> the next-token distribution there, or None when it is unknown

@@ -26,7 +26,7 @@ from simpipe import aio
 from simpipe.agents.registry import build_backend
 from simpipe.config import AgentsConfig
 from simpipe.inference.base import Backend, GenerationRequest, OutputConstraint
-from simpipe.inference.http_client import ConnectionPool
+from simpipe.inference.http.client import ConnectionPool
 from simpipe.servers.emulator import EmulatorProcess
 from simpipe.servers.stub import StubProcess
 from simpipe.tables import markdown_table

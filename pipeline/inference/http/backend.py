@@ -1,6 +1,6 @@
 """The endpoint pool shared by the TGI and OpenAI-compatible back-ends.
 
-Persistent connections per endpoint and event loop (``simpipe.inference.http_client``);
+Persistent connections per endpoint and event loop (``simpipe.inference.http.client``);
 a per-endpoint semaphore (``max_concurrency``), least-loaded
 endpoint choice with round-robin tie-breaks, fail-over (an endpoint that refuses
 connections or times out ``DOWN_AFTER`` times in a row sits out ``DOWN_FOR_S``), retries
@@ -44,13 +44,13 @@ from simpipe.inference.base import (
     GenerationResult,
     answer_listener,
 )
-from simpipe.inference.endpoints import is_local
-from simpipe.inference.http_client import (
+from simpipe.inference.http.client import (
     ConnectFailed,
     ConnectionPool,
     HttpError,
     ResponseTooLarge,
 )
+from simpipe.inference.http.endpoints import is_local
 from simpipe.inference.settings import HttpSettings
 
 #: Statuses worth another try: overload (429, 503), TGI's generation error (424),
@@ -94,7 +94,7 @@ class _Endpoint:
         self.down_until = 0.0  # time.monotonic() before which it is skipped
         self.counters = EndpointCounters()
         self.index = index
-        self.local = False  # on this node (see simpipe.inference.endpoints)
+        self.local = False  # on this node (see simpipe.inference.http.endpoints)
 
 
 class _LoopState:

@@ -2,7 +2,7 @@
 
 Why it matters: on a GPU cluster a request to the server on the same node skips the network
 hop and keeps the load of each node's workers on that node's GPUs. The preference itself
-lives in the endpoint pool (``simpipe.inference.http.EndpointPool``): it sends each request
+lives in the endpoint pool (``simpipe.inference.http.backend.EndpointPool``): it sends each request
 to the least-loaded of this node's servers that has a free slot, and to the other nodes'
 servers only when every local one is down or saturated.
 

@@ -46,20 +46,21 @@ from typing import Any
 import numpy as np
 
 from simpipe import aio
-from simpipe.inference import llamacpp_logprobs, vllm_logprobs, vllm_sampler
 from simpipe.inference.answer_checks import (
     MalformedAnswer,
     checked_answer,
     json_object,
     not_an_object,
 )
-from simpipe.inference.answer_distribution import Probe, ProbeError
 from simpipe.inference.base import AnswerColumns, GenerationRequest, OutputConstraint
 from simpipe.inference.cost_model import LLAMACPP_GEMMA3_270M, VLLM_A100_LLAMA3_8B, CostModel
-from simpipe.inference.gguf_vocab import AnswerVocab
-from simpipe.inference.http import HttpBackend, RequestFailed, seed_template
-from simpipe.inference.llamacpp_sampler import next_token as llamacpp_next_token
+from simpipe.inference.http.backend import HttpBackend, RequestFailed, seed_template
+from simpipe.inference.llamacpp import logprobs as llamacpp_logprobs
+from simpipe.inference.llamacpp.sampler import next_token as llamacpp_next_token
 from simpipe.inference.settings import OpenAISettings
+from simpipe.inference.types import AnswerVocab, Probe, ProbeError
+from simpipe.inference.vllm import logprobs as vllm_logprobs
+from simpipe.inference.vllm import sampler as vllm_sampler
 
 # json.dumps with its cached default encoder measured fastest (ASCII escapes are valid JSON).
 _dumps = json.dumps

@@ -31,8 +31,8 @@ from simpipe.inference.answer_checks import (
     not_an_object,
 )
 from simpipe.inference.base import GenerationRequest
-from simpipe.inference.http import HttpBackend
-from simpipe.inference.openai_compat import decode_openai_answer
+from simpipe.inference.http.backend import HttpBackend
+from simpipe.inference.http.openai_compat import decode_openai_answer
 from simpipe.inference.settings import TgiSettings
 
 # json.dumps with its cached default encoder measured fastest (ASCII escapes are valid JSON).

@@ -37,7 +37,6 @@ from simpipe.inference.answer_checks import (
     probe_top_logprobs,
     token_count,
 )
-from simpipe.inference.answer_distribution import Probe, ProbeError
 from simpipe.inference.base import (
     Backend,
     EndpointCounters,
@@ -45,17 +44,17 @@ from simpipe.inference.base import (
     GenerationResult,
     answer_listener,
 )
-from simpipe.inference.gguf_vocab import AnswerVocab, answer_vocab
-from simpipe.inference.llamacpp_batch import Batches
-from simpipe.inference.llamacpp_hidden import (
+from simpipe.inference.llamacpp.batch import Batches
+from simpipe.inference.llamacpp.gguf_vocab import answer_vocab
+from simpipe.inference.llamacpp.hidden import (
     AnswerLogits,
     HiddenStateEngine,
     HiddenStateUnavailable,
     ModelFile,
     ModelFileChanged,
 )
-from simpipe.inference.llamacpp_sampler import ChainSettings, TopLogprobs
 from simpipe.inference.settings import MODEL_KEY, LlamaCppSettings, model_path_problem
+from simpipe.inference.types import AnswerVocab, ChainSettings, Probe, ProbeError, TopLogprobs
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")

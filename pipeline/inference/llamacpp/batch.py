@@ -39,8 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from simpipe.inference.answer_distribution import Probe, ProbeError
-from simpipe.inference.llamacpp_hidden import (
+from simpipe.inference.llamacpp.hidden import (
     _EVAL_CALLBACK,
     _P,
     HIDDEN_TENSOR,
@@ -49,7 +48,7 @@ from simpipe.inference.llamacpp_hidden import (
     HiddenStateEngine,
     HiddenStateUnavailable,
 )
-from simpipe.inference.llamacpp_sampler import TopLogprobs
+from simpipe.inference.types import Probe, ProbeError, TopLogprobs
 
 logger = logging.getLogger(__name__)
 

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
+from simpipe.inference.types import EOG_TEXTS, AnswerVocab
+
 _MAGIC = b"GGUF"
 # GGUF value types: fixed-size ones by struct format; 8 = string, 9 = array.
 _SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q",
@@ -33,27 +35,11 @@ _WANTED = ("tokenizer.ggml.model", "tokenizer.ggml.tokens", "tokenizer.ggml.toke
            "tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
            "tokenizer.ggml.eom_token_id", "tokenizer.ggml.fim_pad_token_id",
            "tokenizer.ggml.fim_rep_token_id", "tokenizer.ggml.fim_sep_token_id")
-# Token texts llama.cpp treats as end of generation whatever the metadata says.
-_EOG_TEXTS = frozenset({
-    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
-    "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
-    "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
-})
 _TYPE_BYTE = 6  # llama.cpp's LLAMA_TOKEN_TYPE_BYTE
 
 
 class GgufError(ValueError):
     """The file is not a GGUF model or lacks the vocabulary metadata."""
-
-
-@dataclass(frozen=True)
-class AnswerVocab:
-    """What answer sharing needs from a model's vocabulary."""
-
-    n_tokens: int
-    eog_ids: frozenset[int]
-    # id -> text, for every token whose text uses only the answer alphabet
-    pieces: dict[int, str]
 
 
 def _read_metadata(path: Path, wanted: tuple[str, ...] = _WANTED
@@ -208,7 +194,7 @@ def answer_vocab(model_path: str, alphabet: frozenset[str]) -> AnswerVocab:
     pieces: dict[int, str] = {}
     for tid, raw in enumerate(tokens):
         text = raw.decode("utf-8", "replace")
-        if text in _EOG_TEXTS:
+        if text in EOG_TEXTS:
             eog.add(tid)
             continue
         piece = _piece(text, kinds[tid], model, gpt2)

@@ -49,10 +49,9 @@ from typing import BinaryIO
 
 import numpy as np
 
-from simpipe.inference.answer_distribution import Probe, ProbeError
-from simpipe.inference.gguf_vocab import output_matrix
-from simpipe.inference.llamacpp_sampler import TopLogprobs
+from simpipe.inference.llamacpp.gguf_vocab import output_matrix
 from simpipe.inference.settings import MODEL_KEY
+from simpipe.inference.types import Probe, ProbeError, TopLogprobs
 
 _P = ctypes.c_void_p
 HIDDEN_TENSOR = b"result_norm"  # llama.cpp's name for the output projection's input
@@ -62,9 +61,10 @@ VERIFY_TOLERANCE = 1e-3
 VERIFY_TEXT = "Pick a whole number from 0 to 100. My number:"
 N_BATCH = 512
 # The xllamacpp releases whose llama.h the structs below were copied from and checked against
-# (tests/inference/test_llamacpp_hidden.py). A struct passed by value with another release's
-# layout would corrupt memory instead of failing, so other releases keep the server's probes;
-# pyproject.toml pins the same release, so that an install does not silently lose this path.
+# (tests/inference/llamacpp/test_llamacpp_hidden.py). A struct passed by value with another
+# release's layout would corrupt memory instead of failing, so other releases keep the
+# server's probes; pyproject.toml pins the same release, so that an install does not silently
+# lose this path.
 CHECKED_XLLAMACPP = ("2026.10.11549",)
 
 

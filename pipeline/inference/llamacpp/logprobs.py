@@ -50,10 +50,16 @@ from simpipe.inference.answer_checks import (
     probe_token_id,
     probe_top_logprobs,
 )
-from simpipe.inference.answer_distribution import Probe, ProbeError
-from simpipe.inference.gguf_vocab import _EOG_TEXTS, AnswerVocab
-from simpipe.inference.llamacpp_sampler import TopLogprobs
-from simpipe.inference.vllm_logprobs import Post, PostMany, candidate_pieces
+from simpipe.inference.types import (
+    EOG_TEXTS,
+    AnswerVocab,
+    Post,
+    PostMany,
+    Probe,
+    ProbeError,
+    TopLogprobs,
+    candidate_pieces,
+)
 
 #: the slot a session's probes go to (``id_slot``), as the embedded engine's lone slot
 LONE_SLOT = 0
@@ -64,7 +70,7 @@ FALLBACK_PROBE = "\U000f0000"
 def answer_vocab(post_many: PostMany, alphabet: frozenset[str]) -> AnswerVocab:
     """The answer tokens and end-of-generation ids, asked of the server's tokenizer."""
     texts = candidate_pieces(alphabet)
-    markers = sorted(_EOG_TEXTS)
+    markers = sorted(EOG_TEXTS)
     bodies = [_tokenize(t, special=False) for t in texts]
     bodies += [_tokenize(t, special=True) for t in markers]
     bodies += [_tokenize(t, special=False) for t in markers]

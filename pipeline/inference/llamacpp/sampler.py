@@ -31,49 +31,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection
-from dataclasses import dataclass
 
 import numpy as np
 
-
-@dataclass(frozen=True)
-class ChainSettings:
-    """The sampling parameters a request sends (llama.cpp's names and meanings)."""
-
-    temperature: float
-    top_p: float = 1.0
-    top_k: int = 0  # 0: off
-    min_p: float = 0.0  # 0: off
-
-    @property
-    def truncates(self) -> bool:
-        return self.top_k > 0 or self.top_p < 1.0 or self.min_p > 0.0
-
-
-@dataclass(frozen=True)
-class TopLogprobs:
-    """The ``n`` most likely next tokens with their raw log-probabilities, most likely first.
-
-    ``complete`` means these are all the tokens of the vocabulary that can have any
-    probability (nothing unseen).
-    """
-
-    ids: tuple[int, ...]
-    logprobs: tuple[float, ...]
-    complete: bool = False
-
-    @property
-    def floor(self) -> float:
-        """An upper bound on the log-probability of every token not listed."""
-        return -math.inf if self.complete or not self.logprobs else self.logprobs[-1]
-
-
-@dataclass(frozen=True)
-class NextToken:
-    """The distribution of the token llama.cpp returns, over the grammar's valid tokens."""
-
-    probs: dict[int, float]
-    error_bound: float  # total-variation distance to the true distribution, at most
+from simpipe.inference.types import ChainSettings, NextToken, TopLogprobs
 
 
 def _softmax(logits: np.ndarray) -> np.ndarray:

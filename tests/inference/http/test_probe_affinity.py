@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import time
 
+from simpipe.answers.distribution import answer_distribution
 from simpipe.games.answer_format import IntegerAnswers
-from simpipe.inference.answer_distribution import answer_distribution
-from simpipe.inference.llamacpp_sampler import ChainSettings
-from simpipe.inference.openai_compat import OpenAIBackend
+from simpipe.inference.http.openai_compat import OpenAIBackend
 from simpipe.inference.settings import OpenAISettings
+from simpipe.inference.types import ChainSettings
 from simpipe.servers.emulator import EmulatorProcess
 
 MODEL = "m"

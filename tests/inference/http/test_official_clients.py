@@ -32,9 +32,9 @@ from text_generation.types import (
 
 from simpipe.games.answer_format import number_grammar, number_json_schema, number_regex
 from simpipe.inference.base import Backend, GenerationRequest, OutputConstraint
-from simpipe.inference.openai_compat import OpenAIBackend
+from simpipe.inference.http.openai_compat import OpenAIBackend
+from simpipe.inference.http.tgi import TgiBackend
 from simpipe.inference.settings import OpenAISettings, TgiSettings
-from simpipe.inference.tgi import TgiBackend
 from simpipe.servers.emulator import Emulator, EmulatorOptions
 from simpipe.servers.emulator_profiles import get_profile
 from simpipe.servers.stub import StubServer

@@ -8,11 +8,11 @@ import math
 import numpy as np
 import pytest
 
-from simpipe.agents.shared_answers import SharedAnswers
-from simpipe.inference.llamacpp_sampler import ChainSettings, TopLogprobs
-from simpipe.inference.openai_compat import OpenAIBackend
+from simpipe.answers.shared import SharedAnswers
+from simpipe.inference.http.openai_compat import OpenAIBackend
 from simpipe.inference.settings import OpenAISettings
-from simpipe.inference.vllm_sampler import next_token
+from simpipe.inference.types import ChainSettings, TopLogprobs
+from simpipe.inference.vllm.sampler import next_token
 from simpipe.servers import synthetic_tokens
 from simpipe.servers.emulator import EmulatorProcess
 
@@ -102,8 +102,8 @@ def _walk_exact(prompt_ids: list[int], vocab_pieces: dict[int, str], max_tokens:
 
 
 def test_distribution_over_the_emulators_vllm_routes() -> None:
+    from simpipe.answers.distribution import answer_distribution
     from simpipe.games.answer_format import IntegerAnswers
-    from simpipe.inference.answer_distribution import answer_distribution
 
     settings = ChainSettings(1.0)
     prompt = "Guess a number from 0 to 100. Answer:"

@@ -18,13 +18,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from simpipe.answers.distribution import answer_distribution
 from simpipe.bench.invariance import round3_prompts
 from simpipe.games.answer_format import IntegerAnswers
-from simpipe.inference import llamacpp_hidden
-from simpipe.inference.answer_distribution import answer_distribution
-from simpipe.inference.gguf_vocab import output_matrix
-from simpipe.inference.llamacpp import LlamaCppBackend, ModelFileError, default_model_path
-from simpipe.inference.llamacpp_hidden import (
+from simpipe.inference.llamacpp import hidden as llamacpp_hidden
+from simpipe.inference.llamacpp.backend import LlamaCppBackend, ModelFileError, default_model_path
+from simpipe.inference.llamacpp.gguf_vocab import output_matrix
+from simpipe.inference.llamacpp.hidden import (
     CHECKED_XLLAMACPP,
     GGML_Q8_0,
     AnswerLogits,
@@ -33,8 +33,8 @@ from simpipe.inference.llamacpp_hidden import (
     ModelFile,
     ModelFileChanged,
 )
-from simpipe.inference.llamacpp_sampler import ChainSettings
 from simpipe.inference.settings import LlamaCppSettings
+from simpipe.inference.types import ChainSettings
 
 LANG = IntegerAnswers(0, 100)
 PLAIN = ChainSettings(1.0)
@@ -125,7 +125,7 @@ def test_a_model_whose_logits_are_not_reproduced_keeps_the_servers_probes(
     b = LlamaCppBackend(LlamaCppSettings(n_parallel=1, threads=2))
     try:
         vocab = b.answer_vocab(LANG.alphabet)
-        with caplog.at_level(logging.WARNING, "simpipe.inference.llamacpp"):
+        with caplog.at_level(logging.WARNING, "simpipe.inference.llamacpp.backend"):
             assert b.exact_answer_logits(vocab, PLAIN) is None
             assert b.exact_answer_logits(vocab, PLAIN) is None
         warned = [r.getMessage() for r in caplog.records if r.name.startswith("simpipe.")]
@@ -223,7 +223,7 @@ def test_any_failure_of_the_exact_path_falls_back_with_one_warning(monkeypatch, 
     try:
         vocab = b.answer_vocab(LANG.alphabet)
         prompts = round3_prompts(2)
-        with caplog.at_level(logging.WARNING, "simpipe.inference.llamacpp"):
+        with caplog.at_level(logging.WARNING, "simpipe.inference.llamacpp.backend"):
             with b.logprob_chain(vocab, PLAIN) as probe_for:
                 got = [answer_distribution(probe_for(p), LANG, vocab, PLAIN, 4)
                        for p in prompts]
@@ -267,7 +267,7 @@ def test_a_model_file_replaced_after_the_server_loaded_it_is_never_read(tmp_path
                 f.seek(matrix.offset + t * row_bytes)
                 f.write(bytes(row_bytes))
         os.replace(other, model)
-        with caplog.at_level(logging.WARNING, "simpipe.inference.llamacpp"):
+        with caplog.at_level(logging.WARNING, "simpipe.inference.llamacpp.backend"):
             assert b.exact_answer_logits(vocab, PLAIN) is None
             with b.logprob_chain(vocab, PLAIN) as probe_for:
                 got = [answer_distribution(probe_for(p), LANG, vocab, PLAIN, 4)
@@ -306,7 +306,7 @@ def test_a_model_file_rewritten_in_place_with_its_mtime_set_back_is_refused(tmp_
 def test_the_install_pins_the_checked_xllamacpp_release():
     """pyproject.toml installs exactly the release the structs were checked against: a
     newer one would install silently and lose the exact path (2-3x slower probes)."""
-    pyproject = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
+    pyproject = tomllib.loads((Path(__file__).parents[3] / "pyproject.toml").read_text())
     pins = [d for d in pyproject["project"]["dependencies"] if d.startswith("xllamacpp")]
     assert pins == [f"xllamacpp=={CHECKED_XLLAMACPP[-1]}"]
     from importlib.metadata import version

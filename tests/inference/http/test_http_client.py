@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from simpipe.inference.http_client import ConnectFailed, ConnectionLost, ConnectionPool
+from simpipe.inference.http.client import ConnectFailed, ConnectionLost, ConnectionPool
 
 
 class _Server:

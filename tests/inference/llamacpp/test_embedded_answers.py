@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from simpipe.inference.llamacpp import _to_result
+from simpipe.inference.llamacpp.backend import _to_result
 
 
 def completion(text=" 42", usage=None, finish="stop") -> dict:

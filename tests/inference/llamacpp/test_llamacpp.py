@@ -14,7 +14,11 @@ import pytest
 from simpipe.config import ConfigError, config_from_dict
 from simpipe.games.answers import NumberAnswer
 from simpipe.inference.base import GenerationRequest, OutputConstraint
-from simpipe.inference.llamacpp import LlamaCppBackend, default_model_path, resolve_model_path
+from simpipe.inference.llamacpp.backend import (
+    LlamaCppBackend,
+    default_model_path,
+    resolve_model_path,
+)
 from simpipe.inference.settings import LlamaCppSettings
 from simpipe.servers.llamacpp_server import LlamaCppProcess
 

@@ -10,7 +10,13 @@ from collections import defaultdict
 import numpy as np
 import pytest
 
-from simpipe.agents.shared_answers import (
+from simpipe.answers.distribution import (
+    PRUNE_BELOW,
+    RETRY_TOP_N,
+    TooMuchUnseen,
+    answer_distribution,
+)
+from simpipe.answers.shared import (
     MAX_PRUNE,
     OWN_CALL_S,
     PROBE_S,
@@ -18,14 +24,7 @@ from simpipe.agents.shared_answers import (
     step_uniforms,
 )
 from simpipe.games.answer_format import IntegerAnswers
-from simpipe.inference.answer_distribution import (
-    PRUNE_BELOW,
-    RETRY_TOP_N,
-    TooMuchUnseen,
-    answer_distribution,
-)
-from simpipe.inference.gguf_vocab import AnswerVocab
-from simpipe.inference.llamacpp_sampler import ChainSettings, TopLogprobs
+from simpipe.inference.types import AnswerVocab, ChainSettings, TopLogprobs
 
 from llamacpp_reference import grammar_sampling
 

@@ -1,4 +1,4 @@
-"""The round plan (simpipe.run.round_plan): a round's distinct prompts merged over the
+"""The round plan (simpipe.answers.round_plan): a round's distinct prompts merged over the
 partitions, the ones worth a distribution cut into chunks that do not depend on the workers,
 and each distribution's cost charged to one partition."""
 
@@ -10,10 +10,8 @@ import numpy as np
 import pytest
 from distributed import Client, LocalCluster
 
-from simpipe.agents.shared_answers import Lookup
-from simpipe.inference.answer_distribution import AnswerDistribution
-from simpipe.run.console import Console
-from simpipe.run.round_plan import (
+from simpipe.answers.distribution import AnswerDistribution
+from simpipe.answers.round_plan import (
     PlannedChunk,
     PromptTally,
     chunk_size,
@@ -22,6 +20,8 @@ from simpipe.run.round_plan import (
     plans_rounds,
     prompt_group,
 )
+from simpipe.answers.shared import Lookup
+from simpipe.run.console import Console
 from simpipe.run.simulation import run_simulation
 from simpipe.store.results import read_ledger, read_rounds
 

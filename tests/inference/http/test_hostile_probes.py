@@ -25,18 +25,19 @@ import pytest
 
 from simpipe import aio
 from simpipe.agents.llm import LLMAgents
-from simpipe.agents.shared_answers import SharedAnswers, prompt_hash
+from simpipe.answers.shared import SharedAnswers, prompt_hash
 from simpipe.config import config_from_dict
 from simpipe.games.answer_format import IntegerAnswers
 from simpipe.games.base import Turn
-from simpipe.inference import llamacpp, llamacpp_logprobs, vllm_logprobs
-from simpipe.inference.answer_distribution import Probe, ProbeError
-from simpipe.inference.http import RequestFailed
-from simpipe.inference.llamacpp_sampler import ChainSettings
-from simpipe.inference.openai_compat import OpenAIBackend
+from simpipe.inference.http.backend import RequestFailed
+from simpipe.inference.http.openai_compat import OpenAIBackend
+from simpipe.inference.llamacpp import backend as llamacpp
+from simpipe.inference.llamacpp import logprobs as llamacpp_logprobs
 from simpipe.inference.settings import OpenAISettings
+from simpipe.inference.types import ChainSettings, Probe, ProbeError
+from simpipe.inference.vllm import logprobs as vllm_logprobs
 from simpipe.run.console import Console
-from simpipe.run.round_plan import plan_chunk
+from simpipe.run.planned_round import plan_chunk
 from simpipe.run.simulation import run_simulation
 from simpipe.store.layout import RunPaths
 from simpipe.store.results import read_ledger, read_rounds

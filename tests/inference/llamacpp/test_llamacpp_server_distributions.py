@@ -11,20 +11,16 @@ import numpy as np
 import pytest
 from scipy.stats import chi2_contingency
 
-from simpipe.agents.shared_answers import SharedAnswers, step_uniforms
+from simpipe.answers.distribution import AnswerDistribution, answer_distribution
+from simpipe.answers.shared import SharedAnswers, step_uniforms
+from simpipe.answers.tree import TreeShape
 from simpipe.games.answer_format import IntegerAnswers, number_lark
-from simpipe.inference.answer_distribution import (
-    AnswerDistribution,
-    ProbeError,
-    answer_distribution,
-)
-from simpipe.inference.answer_tree import TreeShape
 from simpipe.inference.base import GenerationRequest, OutputConstraint
-from simpipe.inference.llamacpp import LlamaCppBackend
-from simpipe.inference.llamacpp_logprobs import top_logprobs
-from simpipe.inference.llamacpp_sampler import ChainSettings
-from simpipe.inference.openai_compat import OpenAIBackend
+from simpipe.inference.http.openai_compat import OpenAIBackend
+from simpipe.inference.llamacpp.backend import LlamaCppBackend
+from simpipe.inference.llamacpp.logprobs import top_logprobs
 from simpipe.inference.settings import LlamaCppSettings, OpenAISettings
+from simpipe.inference.types import ChainSettings, ProbeError
 from simpipe.servers.llamacpp_server import LlamaCppProcess
 
 PROMPT = "Pick a number between 0 and 100; the winner is closest to 2/3 of the average. Mine:"

@@ -1,6 +1,6 @@
 """splitmix64's output mix, vectorised: the one hash behind every per-agent seed and draw
 (request seeds in ``simpipe.agents.llm``, shared-answer draws in
-``simpipe.agents.shared_answers``), so a run's answers depend on (seed, round, agent) alone."""
+``simpipe.answers.shared``), so a run's answers depend on (seed, round, agent) alone."""
 
 from __future__ import annotations
 

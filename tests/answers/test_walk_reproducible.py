@@ -13,7 +13,7 @@ import pytest
 from simpipe.agents.llm import LLMAgents
 from simpipe.config import config_from_dict
 from simpipe.games.base import Turn
-from simpipe.inference.llamacpp import LlamaCppBackend
+from simpipe.inference.llamacpp.backend import LlamaCppBackend
 
 pytestmark = [pytest.mark.llm, pytest.mark.slow]
 

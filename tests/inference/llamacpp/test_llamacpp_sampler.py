@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from simpipe.inference.llamacpp_sampler import ChainSettings, TopLogprobs, next_token
+from simpipe.inference.llamacpp.sampler import next_token
+from simpipe.inference.types import ChainSettings, TopLogprobs
 
 from llamacpp_reference import chain_probs as _chain_probs
 from llamacpp_reference import grammar_sampling as _exact

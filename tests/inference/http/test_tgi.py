@@ -11,8 +11,8 @@ import aiohttp
 import pytest
 
 from simpipe.inference.base import GenerationRequest, OutputConstraint
+from simpipe.inference.http.tgi import TgiBackend
 from simpipe.inference.settings import TgiSettings
-from simpipe.inference.tgi import TgiBackend
 from simpipe.servers.contract import answer_number
 from simpipe.servers.stub import StubServer
 
@@ -344,7 +344,7 @@ def test_stub_answers_unknown_routes_and_its_own_bugs_without_hanging():
 def test_a_worker_prefers_the_server_on_its_own_node_and_falls_back():
     """Requests go to this node's server while it has room; another node's server only
     takes the overflow (here: the local one has max_concurrency 1 and 8 requests come)."""
-    from simpipe.inference.http import EndpointPool
+    from simpipe.inference.http.backend import EndpointPool
 
     pool = EndpointPool(TgiSettings(endpoints=["http://127.0.0.1:1", "http://10.255.255.1:1"],
                                     max_concurrency=1))

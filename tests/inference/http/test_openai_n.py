@@ -16,7 +16,7 @@ from scipy.stats import chi2_contingency
 
 from simpipe.games.answer_format import number_grammar, number_regex
 from simpipe.inference.base import GenerationRequest, OutputConstraint
-from simpipe.inference.openai_compat import OpenAIBackend, sample_groups
+from simpipe.inference.http.openai_compat import OpenAIBackend, sample_groups
 from simpipe.inference.settings import OpenAISettings
 from simpipe.servers.emulator import Emulator, EmulatorOptions
 from simpipe.servers.emulator_model import GpuScheduler

@@ -8,11 +8,11 @@ import numpy as np
 from scipy import stats
 from test_answer_distribution import VOCAB, _probe
 
-from simpipe.agents.shared_answers import full_tree_pays, step_uniforms
+from simpipe.answers.distribution import LazyTree, answer_distribution
+from simpipe.answers.shared import full_tree_pays, step_uniforms
+from simpipe.answers.tree import TreeShape
 from simpipe.games.answer_format import IntegerAnswers
-from simpipe.inference.answer_distribution import LazyTree, answer_distribution
-from simpipe.inference.answer_tree import TreeShape
-from simpipe.inference.llamacpp_sampler import ChainSettings
+from simpipe.inference.types import ChainSettings
 
 LANGUAGE = IntegerAnswers(0, 100)
 MAX_TOKENS = 6

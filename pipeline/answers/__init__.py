@@ -1,0 +1,6 @@
+"""Answers: how agents' answers are obtained from a back-end, as one concern. The answer
+tree and its walk (``tree``), the answer distribution (``distribution``), the cache of
+shared distributions (``shared``), the planner that prices each way to answer a prompt
+(``planner``) and the round plan's layout of a round's prompts (``round_plan``). What each
+back-end can do is declared on ``simpipe.inference.base.Backend``; the LLM agents
+(``simpipe.agents.llm``) ask this package and take its answers."""
