@@ -1,7 +1,7 @@
 """What the configured back-end can do, asked of its class without building it (no model
 load, no connection): the engine class of ``agents.backend`` (``simpipe.backends``) and the
 capabilities it declares on ``simpipe.inference.base.Backend``. The planner, the round plan
-and the agents registry ask here; nothing tests an engine with ``hasattr``."""
+and the agents registry ask here, never probing an engine object for its methods."""
 
 from __future__ import annotations
 

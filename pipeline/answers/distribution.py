@@ -5,9 +5,10 @@ model's answer distribution for that prompt is, in distribution, the same as one
 call per agent. For a short constrained answer (an integer in ``[low, high]``, written token
 by token under the grammar) that distribution is a small tree: each node is an answer
 prefix, its children the tokens the grammar allows next, weighted by what llama.cpp's
-grammar-constrained sampler would return there (``llamacpp_sampler.next_token``). A leaf is
-an answer: the prefix at which an end-of-generation token is chosen, or the prefix reached
-at ``max_tokens`` (the answer is cut there, as a sampled call would be).
+grammar-constrained sampler would return there
+(``simpipe.inference.llamacpp.sampler.next_token``). A leaf is an answer: the prefix at
+which an end-of-generation token is chosen, or the prefix reached at ``max_tokens`` (the
+answer is cut there, as a sampled call would be).
 
 The model is asked once per node for its raw top-``n`` next-token log-probabilities
 (``probe``). Two things cost probability mass the computation does not see, and both are
@@ -20,7 +21,7 @@ Nodes are visited one at a time in a fixed order, so a deterministic probe (one 
 model call; see ``LlamaCppBackend.next_token_logprobs``) gives a bit-identical result on
 every run.
 
-``LazyTree`` is the same tree probed only where agents' draws go (``answer_tree``): each
+``LazyTree`` is the same tree probed only where agents' draws go (``simpipe.answers.tree``): each
 node is asked once, when the first walk reaches it, so one agent costs ~3 probes and many
 agents converge on the full tree. Agents draw from a full ``AnswerDistribution`` with the
 same walk (``AnswerDistribution.walk``), so both give the same answer for the same node
@@ -82,7 +83,7 @@ class AnswerDistribution:
     pruned_mass: float = 0.0
 
     def walk(self, uniforms: np.ndarray) -> list[str | None]:
-        """Each agent's answer for its row of per-step uniforms (``answer_tree``), the
+        """Each agent's answer for its row of per-step uniforms (``simpipe.answers.tree``), the
         same draw as a ``LazyTree`` of the same prompt; None for an agent whose walk
         reaches a prefix too unlikely to have been probed (below ``PRUNE_BELOW``)."""
         if self.shape is None:

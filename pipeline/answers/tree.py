@@ -3,13 +3,13 @@ uses, whether the tree was probed in full or is probed lazily as agents walk it.
 
 An answer tree's node is an answer prefix (token ids and their text); its children are the
 tokens the grammar allows next, weighted as llama.cpp's grammar-constrained sampler would
-return them (``llamacpp_sampler.next_token``). An agent's answer is a walk from the root:
-at step ``s`` it takes the child that its ``s``-th uniform picks (inverse CDF over the
-children in token-id order) until an end-of-generation token is picked, nothing but one
-can follow, or ``max_tokens`` tokens are reached (the answer is cut there, as a sampled call
-would be). With the same node distributions and the same uniforms the walk gives the same
-answer whichever way the nodes were obtained, so a tree probed in full and one probed only
-where walks go are interchangeable.
+return them (``simpipe.inference.llamacpp.sampler.next_token``). An agent's answer is a
+walk from the root: at step ``s`` it takes the child that its ``s``-th uniform picks
+(inverse CDF over the children in token-id order) until an end-of-generation token is
+picked, nothing but one can follow, or ``max_tokens`` tokens are reached (the answer is cut
+there, as a sampled call would be). With the same node distributions and the same
+uniforms the walk gives the same answer whichever way the nodes were obtained, so a tree
+probed in full and one probed only where walks go are interchangeable.
 """
 
 from __future__ import annotations

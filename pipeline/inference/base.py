@@ -209,8 +209,8 @@ class Backend(abc.ABC):
         the calling thread as it is ready. Only where ``batched_evaluation``."""
         raise NotImplementedError(f"{type(self).__name__} does not evaluate prompts in batches")
 
-    #: The server's sampler as a model (``next_token`` of ``llamacpp_sampler`` or
-    #: ``vllm_sampler``): what the answer-distribution walk applies to the probed tokens.
+    #: The server's sampler as a model (``next_token`` of ``llamacpp.sampler`` or
+    #: ``vllm.sampler``): what the answer-distribution walk applies to the probed tokens.
     answer_sampler: Callable[..., Any] = staticmethod(llamacpp_next_token)
 
     @classmethod

@@ -426,7 +426,7 @@ class LlamaCppBackend(Backend):
         self.model_path = resolve_model_path(settings)
         # The file as the server loads it (taken before the load: a file swapped during it
         # then reads as changed, never the other way round); the exact answer logits read
-        # it again later and must read this one (``llamacpp_hidden.ModelFile``).
+        # it again later and must read this one (``hidden.ModelFile``).
         try:
             self._model_file = ModelFile.of(self.model_path)
         except OSError as exc:
@@ -453,7 +453,7 @@ class LlamaCppBackend(Backend):
             max_workers=settings.n_parallel, thread_name_prefix="llamacpp"
         )
         self._counters = EndpointCounters()
-        # The exact answer-logit probes (``llamacpp_hidden``), made on first use; why not,
+        # The exact answer-logit probes (``hidden``), made on first use; why not,
         # once they were found unavailable.
         self._hidden: HiddenStateEngine | None = None
         self._hidden_problem: str | None = None
@@ -534,7 +534,7 @@ class LlamaCppBackend(Backend):
 
     def exact_answer_logits(self, vocab: AnswerVocab,
                             settings: ChainSettings) -> AnswerLogits | None:
-        """The exact answer-token logits for ``vocab`` (``llamacpp_hidden``) where they decide
+        """The exact answer-token logits for ``vocab`` (``hidden``) where they decide
         llama.cpp's draw: sampler settings that do not truncate (the defaults) and a model
         whose output the check reproduces; None otherwise (the reason is logged once)."""
         if settings.truncates or self._server is None:
@@ -595,7 +595,7 @@ class LlamaCppBackend(Backend):
 
         With the answer ``vocab`` and sampler ``settings`` that do not truncate, each probe
         gives the exact logits of the answer tokens from the last hidden state
-        (``exact_answer_logits``, ``llamacpp_hidden``; ``top_n`` is then moot). Otherwise the
+        (``exact_answer_logits``, ``hidden``; ``top_n`` is then moot). Otherwise the
         server answers each probe with its top ``top_n`` raw log-probabilities. Should the
         exact path fail in any other way than a probe's ProbeError, it is turned off with
         one warning and the server answers that probe and every later one.
@@ -681,8 +681,8 @@ class LlamaCppBackend(Backend):
         """``work(i, probe)`` for each prompt, its results in order (see ``Backend``).
 
         With exact answer logits (``exact_answer_logits``) the prompts are evaluated in
-        groups of ``llamacpp_batch.GROUP`` in list order, each group's prompts and probes
-        together in fixed batches (``llamacpp_batch``): the same list gives the same bits on
+        groups of ``batch.GROUP`` in list order, each group's prompts and probes
+        together in fixed batches (``batch``): the same list gives the same bits on
         every run, which differ from a chain's in the last bits. Otherwise, and for what
         remains when the batches fail, one ``logprob_chain`` in list order.
         """

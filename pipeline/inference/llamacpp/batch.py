@@ -12,7 +12,7 @@ sequence per prompt and one key/value pool for all (``kv_unified``):
    cells that group left (the carry sequence), so each prompt costs the tokens in which it
    differs from its predecessor, as in the chain; the last token of each prompt is an
    output, and its row of the last hidden state (``result_norm``, read by the graph
-   callback as in ``llamacpp_hidden``) answers the prompt's root probe;
+   callback as in ``hidden``) answers the prompt's root probe;
 2. the probes in lockstep: each prompt's work (a tree walked lazily, or a full tree) runs
    in a thread of its own whose probes wait until every other prompt of the group still
    working has asked its next probe or finished; then one decode answers them all, one

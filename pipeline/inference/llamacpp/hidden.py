@@ -6,7 +6,7 @@ vocabulary for it: the output projection is most of a one-token decode (measured
 thread: 27-35 ms per probe through the server, 9-10 ms when the decode stops at the hidden
 state; docs/measurements.md). Under the default sampler settings (no top_k, top_p or min_p)
 llama.cpp's grammar-constrained draw depends only on the logits of the tokens the grammar
-accepts (``llamacpp_sampler``: a softmax over them at the temperature), so the rest of the
+accepts (``sampler``: a softmax over them at the temperature), so the rest of the
 vocabulary is never needed.
 
 ``HiddenStateEngine`` is a second llama.cpp context on the same GGUF file, driven through

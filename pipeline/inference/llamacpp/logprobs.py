@@ -21,7 +21,7 @@ llama.cpp's ``tools/server``):
   true}`` answers ``{"tokens": [{"id", "piece"}]}``.
 
 The answer vocabulary: every text of at most ``MAX_PIECE_CHARS`` characters of the answer
-alphabet (``vllm_logprobs.candidate_pieces``) is tokenized; a text that comes back as one
+alphabet (``simpipe.inference.types.candidate_pieces``) is tokenized; a text that comes back as one
 token whose piece is that text is that token's piece. Byte-fallback tokens (``<0x35>``,
 SentencePiece vocabularies) never come back for text the vocabulary spells, yet the grammar
 accepts them and the embedded engine counts them (from the GGUF file); leaving them out
@@ -130,7 +130,7 @@ def _pieces(answer: Any) -> list[tuple[int, Any]]:
 
 
 def session(post: Post, prompt: str, slot: int = LONE_SLOT) -> Iterator[Probe]:
-    """``probe(path, top_n)`` for one prompt (see ``answer_distribution.Probe``): one
+    """``probe(path, top_n)`` for one prompt (see ``simpipe.inference.types.Probe``): one
     ``/completion`` per call, the first with the prompt decoded afresh."""
     fresh = True
 

@@ -13,7 +13,7 @@ protocol.py``, ``serving_completion.py``, ``serving_tokenization.py``):
   is not among them). vLLM refuses ``n`` above ``--max-logprobs`` (default 20): raise it on
   the server and set ``agents.openai.max_logprobs`` to match. The log-probabilities are the
   raw model's (``--logprobs-mode raw_logprobs``, vLLM's default), which is what the sampler
-  model (``vllm_sampler``) takes.
+  model (``simpipe.inference.vllm.sampler``) takes.
 
 The answer vocabulary: every text of at most ``MAX_PIECE_CHARS`` characters of the answer
 alphabet (digits, then at most a leading space and sign) is sent to ``/tokenize`` without
@@ -86,7 +86,7 @@ def _token_strs(answer: dict) -> list | None:
 
 
 def session(post: Post, model: str, prompt: str, max_logprobs: int) -> Iterator[Probe]:
-    """``probe(path, top_n)`` for one prompt (see ``answer_distribution.Probe``); top_n is
+    """``probe(path, top_n)`` for one prompt (see ``simpipe.inference.types.Probe``); top_n is
     capped at ``max_logprobs`` (the server's ``--max-logprobs``)."""
     prompt_ids = _tokens(post("/tokenize", {"model": model, "prompt": prompt,
                                             "add_special_tokens": True}))

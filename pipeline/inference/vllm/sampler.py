@@ -4,7 +4,7 @@ What vLLM's V1 engine does for one token (``vllm/v1/sample/sampler.py``, the str
 bitmask applied in ``vllm/v1/worker/gpu_model_runner.py`` before the sampler):
 
 1. every token the grammar rejects is set to -inf (the bitmask: no rejection and resample,
-   unlike llama.cpp's sampler, ``llamacpp_sampler``);
+   unlike llama.cpp's sampler, ``simpipe.inference.llamacpp.sampler``);
 2. temperature (0: greedy, the argmax);
 3. min_p: drop tokens below ``min_p`` x the top token's probability (an argmax-invariant
    logits processor, after temperature);
@@ -17,7 +17,7 @@ log-probabilities of the model's raw logits (before the mask, temperature and tr
 Unlisted tokens have a log-probability at most the smallest listed one (``floor``). The
 functions return, beside the probabilities, a bound on the total-variation error the
 unlisted valid tokens can cause, or None when they could change the answer by more than
-that: the shape of ``llamacpp_sampler.next_token``.
+that: the shape of ``simpipe.inference.llamacpp.sampler.next_token``.
 """
 
 from __future__ import annotations
