@@ -246,8 +246,9 @@ def _play_round(client: Client, config: Config, paths: RunPaths, meter: RoundMet
             for k, (a, b) in enumerate(bounds)]
     plan = None
     if plans_rounds(config):
-        # Stages 1 and 2 (simpipe.answers.round_plan): the round's distinct prompts, and the
-        # distributions of those worth one, computed once and spread over the workers.
+        # Stages 1 and 2 (simpipe.run.planned_round, planned by simpipe.answers.round_plan):
+        # the round's distinct prompts, and the distributions of those worth one, computed
+        # once and spread over the workers.
         t_plan = time.perf_counter()
         plan = plan_round(client, config, jobs, feedback_future, f"round-{r}-{token}",
                           lambda futures, label: _await(client, futures,
