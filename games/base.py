@@ -56,7 +56,7 @@ class Turn:
     # (agents, rounds so far): each agent's own earlier answers, NaN where invalid; None
     # when the policy does not ask for them (reading them costs a file per round)
     past_answers: np.ndarray | None = None
-    # The round's planned answer distributions (``simpipe.run.round_plan``), by prompt key
+    # The round's planned answer distributions (``simpipe.answers.round_plan``), by prompt key
     # (the prompt text for completion prompts): agents whose prompt is here draw from it
     # instead of asking the model. A distribution's ``calls`` and tokens are what this
     # partition is charged for it (zero except in the one partition that carries its cost).

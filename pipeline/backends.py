@@ -177,10 +177,10 @@ BACKENDS: dict[str, BackendPlugin] = {plugin.name: plugin for plugin in (
                   label=_scripted_label, rule_attributes=_scripted_attributes,
                   population_check=_depth_shift_names),
     BackendPlugin("llamacpp", LlamaCppSettings, summary="the embedded engine",
-                  engine="simpipe.inference.llamacpp:LlamaCppBackend",
+                  engine="simpipe.inference.llamacpp.backend:LlamaCppBackend",
                   prompt_style=lambda s: s.prompt_style, identity=_llamacpp_identity,
                   label=_llamacpp_label),
-    BackendPlugin("tgi", TgiSettings, engine="simpipe.inference.tgi:TgiBackend",
+    BackendPlugin("tgi", TgiSettings, engine="simpipe.inference.http.tgi:TgiBackend",
                   # TGI names no model in its config: the servers it talks to are the model.
                   identity=lambda s: {"endpoints": list(s.endpoints)},
                   takes_endpoints=True, routes="TGI",
@@ -188,7 +188,7 @@ BACKENDS: dict[str, BackendPlugin] = {plugin.name: plugin for plugin in (
                               "(--max-top-n-tokens) and no probabilities after a chosen "
                               "continuation"),
     BackendPlugin("openai", OpenAISettings, summary="any OpenAI-compatible server",
-                  engine="simpipe.inference.openai_compat:OpenAIBackend",
+                  engine="simpipe.inference.http.openai_compat:OpenAIBackend",
                   prompt_style=lambda s: "chat" if s.api == "chat" else "completion",
                   identity=lambda s: {"model": s.model, "api": s.api},
                   takes_endpoints=True, routes="OpenAI (vLLM)",

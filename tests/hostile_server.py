@@ -186,7 +186,7 @@ class HostileServer:
 
 
 # --- A fake llama.cpp server for the answer-distribution routes -----------------------------
-# The routes and fields as ``simpipe.inference.llamacpp_logprobs`` documents llama.cpp's own
+# The routes and fields as ``simpipe.inference.llamacpp.logprobs`` documents llama.cpp's own
 # server: ``POST /tokenize`` (``with_pieces``) answers ``{"tokens": [{"id", "piece"}]}``,
 # ``POST /completion`` with ``n_probs`` answers ``completion_probabilities[0].top_logprobs``
 # (``{"id", "token", "bytes", "logprob"}``, most likely first) with ``timings.prompt_n`` and

@@ -16,9 +16,9 @@ from simpipe.agents.registry import (
     get_policy,
     process_backend,
     process_engines,
-    prompt_style,
 )
 from simpipe.aio import run_async
+from simpipe.answers.capabilities import prompt_style
 from simpipe.backends import BACKENDS, llm_backends
 from simpipe.config import ConfigError, config_from_dict
 from simpipe.inference.base import Backend, GenerationRequest
@@ -85,7 +85,7 @@ def test_every_backend_of_the_registry_is_a_config_choice_with_its_own_table():
 
 def _live_llamacpp_engines() -> int:
     """Loaded llama.cpp models in this process, wherever they are referenced from."""
-    from simpipe.inference.llamacpp import LlamaCppBackend
+    from simpipe.inference.llamacpp.backend import LlamaCppBackend
 
     gc.collect()
     return sum(1 for obj in gc.get_objects()

@@ -27,7 +27,7 @@ FOLDERS = {"pipeline": "simpipe", "games": "simpipe.games", "personas": "simpipe
 LAYERS: list[tuple[str, ...]] = [
     # imports nothing of simpipe but each other
     ("simpipe.errors", "simpipe.aio", "simpipe.files", "simpipe.records", "simpipe.home",
-     "simpipe.tables", "simpipe.memory"),
+     "simpipe.tables", "simpipe.memory", "simpipe.seeds"),
     ("simpipe.games", "simpipe.personas"),  # the domain: pure Python
     ("simpipe.inference",),  # the client side of inference
     ("simpipe.servers",),  # the servers simpipe runs (llama.cpp's uses the engine)
@@ -35,6 +35,12 @@ LAYERS: list[tuple[str, ...]] = [
     # the config, composed from the sections of the layers below
     ("simpipe.backends", "simpipe.config", "simpipe.config_docs", "simpipe.population_mix"),
     ("simpipe.store",),  # a run's files (run.json records the config)
+    # how answers are obtained from a back-end: the tree, distribution, cache, planner and
+    # round plan. Above the config (the planner prices a run's config, the cache says why a
+    # back-end of ``simpipe.backends`` cannot share) and the servers (emulator profiles'
+    # cost models); below the agents, which ask it for their answers. The round plan's
+    # Dask stages, which render and play partitions, are in the run (``run.planned_round``).
+    ("simpipe.answers",),
     ("simpipe.agents",),  # how a partition decides
     # a run: where it executes, servers, population, rounds; the dry run's estimate (read
     # from its run.json)
@@ -230,3 +236,134 @@ def test_a_planted_cycle_and_an_import_up_the_layers_are_found(tmp_path: Path) -
     graph = package_graph(tmp_path)
     assert find_cycle(graph) == []
     assert layer_violations(graph) == ["simpipe.newpkg: in no layer of LAYERS"]
+
+
+#: The engine subpackages of ``simpipe.inference``: each engine's own code. The shared types
+#: (``base``, ``types``, ``settings``, ``answer_checks``, ``cost_model``) sit beside them.
+ENGINES = ("simpipe.inference.llamacpp", "simpipe.inference.vllm", "simpipe.inference.http")
+#: The only imports from one engine into another: the OpenAI-compatible HTTP back-end talks
+#: to servers that run llama.cpp or vLLM, so it speaks each one's probe dialect and models
+#: each one's sampler (``agents.openai.answer_distributions``). Module by module, so that
+#: anything else (the HTTP side reaching into the embedded engine, llama.cpp and vLLM
+#: reaching into each other or into HTTP) fails.
+SPEAKS: dict[str, tuple[str, ...]] = {
+    "simpipe.inference.http.openai_compat": (
+        "simpipe.inference.llamacpp.logprobs", "simpipe.inference.llamacpp.sampler",
+        "simpipe.inference.vllm.logprobs", "simpipe.inference.vllm.sampler"),
+}
+
+
+def _engine_of(module: str) -> str | None:
+    return next((e for e in ENGINES if _within(module, (e,))), None)
+
+
+def engine_violations(graph: dict[str, dict[str, list[str]]]) -> list[str]:
+    """``place: A imports B (another engine)`` for each import from one engine subpackage
+    into another that ``SPEAKS`` does not name."""
+    bad = []
+    for module, edges in sorted(graph.items()):
+        engine = _engine_of(module)
+        for target, places in sorted(edges.items()):
+            other = _engine_of(target)
+            if engine is not None and other is not None and other != engine \
+                    and target not in SPEAKS.get(module, ()):
+                bad += [f"{place}: {module} imports {target} (another engine)"
+                        for place in places]
+    return bad
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def private_imports(root: Path) -> list[str]:
+    """``place: A takes B`` for each private name (``_x``: a module's own) that a module
+    takes from a module of another package, as ``from m import _x``, ``import p._m`` or
+    ``m._x`` on a module it imported. Within one package (the modules of one folder) a
+    private name may be shared: the package is the unit that owns it."""
+    modules = source_modules(root)
+
+    def package_of(module: str) -> str:
+        return module if modules[module].name == "__init__.py" else module.rpartition(".")[0]
+
+    def owner(name: str) -> tuple[str, str] | None:
+        """The package that owns ``name`` and the private part, if it names a private
+        module or a private name of one of our modules."""
+        target = _module_of(name, modules)
+        if target is None:
+            return None
+        if name == target:
+            last = target.rpartition(".")[2]
+            return (target.rpartition(".")[0], last) if _private(last) else None
+        first = name[len(target) + 1:].split(".")[0]
+        return (package_of(target), first) if _private(first) else None
+
+    bad = []
+    for module, path in modules.items():
+        package = package_of(module)
+        place = path.relative_to(root)
+        aliases: dict[str, str] = {}  # a name bound to one of our modules -> that module
+        tree = ast.parse(path.read_text("utf-8"), str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.asname and alias.name in modules:
+                        aliases[alias.asname] = alias.name
+            elif isinstance(node, ast.ImportFrom):
+                base = package.rsplit(".", node.level - 1)[0] if node.level else ""
+                source = ".".join(p for p in (base, node.module) if p)
+                for alias in node.names:
+                    if f"{source}.{alias.name}" in modules:
+                        aliases[alias.asname or alias.name] = f"{source}.{alias.name}"
+        for line, name in imported_names(path, package):
+            found = owner(name)
+            if found is not None and found[0] != package:
+                bad.append(f"{place}:{line}: {module} takes {name}")
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \
+                    and node.value.id in aliases and _private(node.attr):
+                target = aliases[node.value.id]
+                if package_of(target) != package:
+                    bad.append(f"{place}:{node.lineno}: {module} takes {target}.{node.attr}")
+    return sorted(set(bad))
+
+
+def test_no_engine_imports_another() -> None:
+    assert all((REPO / "pipeline" / e.split(".", 1)[1].replace(".", "/")).is_dir()
+               for e in ENGINES)
+    assert engine_violations(module_graph(REPO)) == []
+
+
+def test_no_module_takes_another_packages_private_names() -> None:
+    assert private_imports(REPO) == []
+
+
+def test_an_engine_import_and_a_taken_private_name_are_found(tmp_path: Path) -> None:
+    _write(tmp_path, {
+        "pipeline/__init__.py": "", "pipeline/inference/__init__.py": "",
+        "pipeline/agents/__init__.py": "",
+        "pipeline/inference/llamacpp/__init__.py": "",
+        "pipeline/inference/vllm/__init__.py": "",
+        "pipeline/inference/http/__init__.py": "",
+        "pipeline/inference/vllm/sampler.py": "def _floor():\n    pass\n",
+        "pipeline/inference/llamacpp/sampler.py": "_LIMIT = 1\n",
+        # one package: its modules share private names
+        "pipeline/inference/llamacpp/batch.py": ("from .sampler import _LIMIT\n"
+                                                 "from simpipe.inference.vllm import sampler\n"),
+        # named in SPEAKS: allowed; the private name is not
+        "pipeline/inference/http/openai_compat.py": (
+            "from simpipe.inference.vllm import sampler as vllm_sampler\n"
+            "def f():\n    return vllm_sampler._floor()\n"),
+        "pipeline/inference/http/tgi.py": "import simpipe.inference.llamacpp.sampler\n",
+        "pipeline/agents/llm.py": "from simpipe.inference.llamacpp.sampler import _LIMIT\n",
+    })
+    assert engine_violations(module_graph(tmp_path)) == [
+        "pipeline/inference/http/tgi.py:1: simpipe.inference.http.tgi imports "
+        "simpipe.inference.llamacpp.sampler (another engine)",
+        "pipeline/inference/llamacpp/batch.py:2: simpipe.inference.llamacpp.batch imports "
+        "simpipe.inference.vllm.sampler (another engine)"]
+    assert private_imports(tmp_path) == [
+        "pipeline/agents/llm.py:1: simpipe.agents.llm takes "
+        "simpipe.inference.llamacpp.sampler._LIMIT",
+        "pipeline/inference/http/openai_compat.py:3: simpipe.inference.http.openai_compat "
+        "takes simpipe.inference.vllm.sampler._floor"]

@@ -8,7 +8,8 @@ import pandas as pd
 import pytest
 
 from simpipe.agents.base import Turn
-from simpipe.agents.llm import _prompt_key, distinct_prompts, prompting
+from simpipe.agents.llm import distinct_prompts, prompting
+from simpipe.answers.shared import prompt_key as _prompt_key
 from simpipe.games.config import BeautyContestConfig as GameConfig
 from simpipe.games.prompts import PromptBuilder
 from simpipe.games.registry import game_for

@@ -45,7 +45,7 @@ ALLOWED = frozenset({
     ("pipeline/bench/share.py", "openai", "compare"),
     # `agents.openai.answer_distributions = "llamacpp"` names the wire protocol of
     # log-probabilities (llama.cpp's server routes, vLLM's the other case), not a back-end.
-    ("pipeline/inference/openai_compat.py", "llamacpp", "compare"),
+    ("pipeline/inference/http/openai_compat.py", "llamacpp", "compare"),
     # The [cluster.servers.emulated] table of a config being rewritten, not the kind.
     ("pipeline/run/emulate.py", "emulated", "key"),
     # The emulator's wire protocols (HTTP route sets and error styles), named after the
@@ -190,7 +190,8 @@ from simpipe.backends import BACKENDS, BackendPlugin
 from simpipe.cluster.server_kinds import SERVER_KINDS, ServerKindPlugin
 from simpipe.inference.settings import TgiSettings
 
-BACKENDS["echo"] = BackendPlugin("echo", TgiSettings, engine="simpipe.inference.tgi:TgiBackend",
+BACKENDS["echo"] = BackendPlugin("echo", TgiSettings,
+                                 engine="simpipe.inference.http.tgi:TgiBackend",
                                  summary="a test back-end", takes_endpoints=True)
 SERVER_KINDS["fake"] = ServerKindPlugin("fake", "a test server", endpoint_backend="echo",
                                         template="{python} -m fake_server --port {port}")

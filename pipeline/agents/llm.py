@@ -8,7 +8,6 @@ either way, so every agent ends with a guess or a status saying why not.
 from __future__ import annotations
 
 import functools
-import json
 import threading
 from typing import TYPE_CHECKING
 
@@ -24,24 +23,24 @@ from simpipe.agents.base import (
     stored_raw,
 )
 from simpipe.agents.progress import TaskReporter, current_reporter, report_agents
-from simpipe.agents.seeds import GOLDEN, splitmix64
-from simpipe.agents.shared_answers import (
+from simpipe.aio import run_async
+from simpipe.answers.distribution import LazyTree, TooMuchUnseen
+from simpipe.answers.shared import (
     Lookup,
     SharedAnswers,
     prompt_hash,
+    prompt_key,
     sharing_refusal,
     split_evenly,
     step_uniforms,
     worth_a_distribution,
 )
-from simpipe.aio import run_async
+from simpipe.answers.tree import TreeShape
 from simpipe.games.answer_format import IntegerAnswers
 from simpipe.games.base import Game
 from simpipe.games.config import AnyGameConfig
 from simpipe.games.prompts import PromptBuilder
 from simpipe.games.registry import game_for
-from simpipe.inference.answer_distribution import LazyTree, Probe, ProbeError, TooMuchUnseen
-from simpipe.inference.answer_tree import TreeShape
 from simpipe.inference.base import (
     AnswerColumns,
     Backend,
@@ -49,8 +48,9 @@ from simpipe.inference.base import (
     OutputConstraint,
     listening,
 )
-from simpipe.inference.llamacpp_sampler import ChainSettings
 from simpipe.inference.settings import SamplingSettings
+from simpipe.inference.types import ChainSettings, Probe, ProbeError
+from simpipe.seeds import GOLDEN, splitmix64
 
 if TYPE_CHECKING:
     from simpipe.config import AgentsConfig
@@ -106,7 +106,7 @@ def distinct_prompts(agents: pd.DataFrame, turn: Turn, style: str) -> tuple[np.n
         turn.round_index,
     )
     # Two keys can still render alike (-0.0 and 0.0 both read "0"): number the texts.
-    text_codes, _ = pd.factorize(pd.Series([_prompt_key(p) for p in rendered], dtype=object))
+    text_codes, _ = pd.factorize(pd.Series([prompt_key(p) for p in rendered], dtype=object))
     _, firsts = np.unique(text_codes, return_index=True)
     return text_codes[codes], [rendered[i] for i in firsts.tolist()]
 
@@ -151,13 +151,9 @@ def build_requests(agents: pd.DataFrame, turn: Turn, style: str,
     return requests_for(render_prompts(agents, turn, style), seeds, turn.game, sampling)
 
 
-def _prompt_key(prompt: object) -> str:
-    return prompt if isinstance(prompt, str) else json.dumps(prompt, sort_keys=True)
-
-
 class LLMAgents(AgentPolicy):
     """Agents answered by an LLM back-end: from one shared answer distribution per distinct
-    prompt where that is possible (``simpipe.agents.shared_answers``), else one call each."""
+    prompt where that is possible (``simpipe.answers.shared``), else one call each."""
 
     def __init__(self, backend: Backend, agents: AgentsConfig) -> None:
         self.backend = backend
@@ -178,7 +174,7 @@ class LLMAgents(AgentPolicy):
         n = len(agents)
         codes, prompts = distinct_prompts(agents, turn, self.backend.prompt_style)
         seeds = agent_seeds(turn.seed, turn.round_index, agents["agent_id"].to_numpy())
-        uniques = [_prompt_key(p) for p in prompts]
+        uniques = [prompt_key(p) for p in prompts]
         stats = DecisionStats(prompt_ids=np.unique(np.fromiter(
             (prompt_hash(u) for u in uniques), np.uint64, len(uniques))))
         out = _Answers(n)
@@ -232,7 +228,7 @@ class LLMAgents(AgentPolicy):
         for k, prompt in enumerate(uniques):
             members = order[bounds[k]:bounds[k + 1]]
             planned = turn.planned.get(prompt)
-            if planned is not None:  # the round plan computed it (simpipe.run.round_plan)
+            if planned is not None:  # the round plan computed it (simpipe.answers.round_plan)
                 found = Lookup(planned, planned.calls > 0, planned.calls, planned.tokens_in,
                                planned.tokens_out)
             elif chained and not worth_a_distribution(members.size, s.share_min_agents, True):

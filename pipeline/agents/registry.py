@@ -22,7 +22,7 @@ from distributed.core import Status
 
 from simpipe.agents.base import AgentPolicy
 from simpipe.aio import process_loop, run_async
-from simpipe.backends import BACKENDS
+from simpipe.answers.capabilities import backend_class
 from simpipe.config import AgentsConfig
 from simpipe.inference.base import Backend, GenerationRequest
 
@@ -31,14 +31,6 @@ EngineFactory = Callable[[AgentsConfig], Backend]
 _lock = threading.Lock()
 _policies: dict[str, AgentPolicy] = {}
 _engines: dict[str, Backend] = {}
-
-
-def backend_class(name: str) -> type[Backend]:
-    """The engine class of the LLM back-end ``name`` (importing it loads no model)."""
-    plugin = BACKENDS.get(name)
-    if plugin is None or not plugin.is_llm:
-        raise ValueError(f"agents.backend = {name!r} is not an LLM back-end")
-    return plugin.engine_class()
 
 
 def build_backend(agents: AgentsConfig) -> Backend:
@@ -62,23 +54,6 @@ def process_engines() -> list[str]:
     """The keys of the engines this process holds (back-end and settings)."""
     with _lock:
         return sorted(_engines)
-
-
-def backend_supports_distributions(agents: AgentsConfig) -> bool:
-    """Whether ``agents.backend`` can compute shared answer distributions (no model load)."""
-    return agents.plugin.is_llm and \
-        backend_class(agents.backend).shares_answers(agents.settings)
-
-
-def backend_walks_lazily(agents: AgentsConfig) -> bool:
-    """Whether ``agents.backend`` walks answer trees lazily in a chain of probes (the
-    embedded engine): the round plan then keeps full trees for prompts many agents share."""
-    return agents.plugin.is_llm and backend_class(agents.backend).chains_probes
-
-
-def prompt_style(agents: AgentsConfig) -> str:
-    """The prompt shape ``agents.backend`` will use ("completion" or "chat")."""
-    return agents.plugin.prompt_style(agents.settings)
 
 
 def scripted_policy(settings: Any) -> AgentPolicy:

@@ -2,8 +2,8 @@
 at once (in its own process, so its CPU is not counted as ours).
 
 Rows: a bare ``aiohttp.ClientSession.post`` loop (the reference: docs/measurements.md), a bare
-loop on our own keep-alive client (``http_client.ConnectionPool``, the floor), then
-``TgiBackend`` and ``OpenAIBackend`` through ``generate`` (the code path the pipeline
+loop on our own keep-alive client (``simpipe.inference.http.client.ConnectionPool``, the
+floor), then ``TgiBackend`` and ``OpenAIBackend`` through ``generate`` (the code path the pipeline
 uses): same requests, same number in flight. ``x_aiohttp`` is client CPU per request
 relative to the bare aiohttp loop; ``server_cpu_s_per_1k`` is the server's, which shares
 the machine and bounds requests/s when it is the larger of the two. The last rows send the
@@ -26,7 +26,7 @@ from simpipe import aio
 from simpipe.agents.registry import build_backend
 from simpipe.config import AgentsConfig
 from simpipe.inference.base import Backend, GenerationRequest, OutputConstraint
-from simpipe.inference.http_client import ConnectionPool
+from simpipe.inference.http.client import ConnectionPool
 from simpipe.servers.emulator import EmulatorProcess
 from simpipe.servers.stub import StubProcess
 from simpipe.tables import markdown_table

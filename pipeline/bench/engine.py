@@ -36,7 +36,7 @@ from simpipe.agents.registry import warm_policy
 from simpipe.config import Config, config_from_dict
 from simpipe.games.parsing import parse_many
 from simpipe.inference.base import GenerationRequest
-from simpipe.inference.llamacpp import (
+from simpipe.inference.llamacpp.backend import (
     build_has_llguidance,
     build_params,
     open_engine,

@@ -53,7 +53,7 @@ from simpipe.cluster.config import memory_amount
 from simpipe.config import Config, config_from_dict
 from simpipe.errors import SimpipeError
 from simpipe.estimate import STATS_PATH, fetch_stats, fleet_edges, fleet_window
-from simpipe.inference.endpoints import emulate_node
+from simpipe.inference.http.endpoints import emulate_node
 from simpipe.run.console import Console
 from simpipe.run.executor import SlurmExecutor
 from simpipe.run.simulation import RoundObserver, run_simulation

@@ -38,7 +38,7 @@ from simpipe.agents.llm import prompting, requests_for
 from simpipe.config import config_from_dict
 from simpipe.games.beauty_contest.prompts import HistoryItem
 from simpipe.inference.base import GenerationRequest
-from simpipe.inference.llamacpp import (
+from simpipe.inference.llamacpp.backend import (
     build_has_llguidance,
     build_params,
     default_model_path,

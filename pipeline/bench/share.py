@@ -14,7 +14,7 @@ a dry run (``--emulate``) against emulated vLLM servers (32 A100 by default), on
 sharing (``share_answers = "auto"``) and once without (``"off"``), each round with the
 emulated GPU-seconds its requests took, their ratio, and how the round plan answered its
 distinct prompts (prompts per method: an answer tree, ``n`` samples per request, one request
-per agent; ``simpipe.agents.answer_methods``) with the GPU-seconds it predicted. Every row
+per agent; ``simpipe.answers.planner``) with the GPU-seconds it predicted. Every row
 reports what the back-end did: the distinct prompts, model calls and GPU time the run records.
 """
 
@@ -27,12 +27,12 @@ from pathlib import Path
 
 import numpy as np
 
-from simpipe.agents.answer_methods import METHODS
 from simpipe.agents.base import Turn
 from simpipe.agents.llm import build_requests
 from simpipe.aio import run_async
+from simpipe.answers.planner import METHODS
 from simpipe.config import Config, apply_override, config_from_dict
-from simpipe.inference.llamacpp import LlamaCppBackend, resolve_model_path
+from simpipe.inference.llamacpp.backend import LlamaCppBackend, resolve_model_path
 from simpipe.memory import PeakMemory
 from simpipe.run.console import Console
 from simpipe.run.simulation import run_simulation

@@ -16,8 +16,7 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
-from simpipe.inference.answer_distribution import ProbeError
-from simpipe.inference.llamacpp_sampler import TopLogprobs
+from simpipe.inference.types import ProbeError, TopLogprobs
 
 #: Token counts are stored as int32.
 TOKEN_COUNT_LIMIT = 2**31

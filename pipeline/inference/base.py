@@ -19,7 +19,7 @@ from typing import Any, Literal, TypeVar
 import numpy as np
 
 from simpipe.inference.cost_model import CostModel
-from simpipe.inference.llamacpp_sampler import next_token as llamacpp_next_token
+from simpipe.inference.llamacpp.sampler import next_token as llamacpp_next_token
 
 T = TypeVar("T")
 
@@ -179,12 +179,12 @@ class Backend(abc.ABC):
 
     def answer_vocab(self, alphabet: frozenset[str]) -> Any:
         """The answer tokens spelling ``alphabet`` and the end-of-generation ids
-        (``simpipe.inference.gguf_vocab.AnswerVocab``). Only where
+        (``simpipe.inference.llamacpp.gguf_vocab.AnswerVocab``). Only where
         ``supports_answer_distributions``."""
         raise NotImplementedError(f"{type(self).__name__} computes no answer distributions")
 
     def logprob_session(self, prompt: str) -> AbstractContextManager[Any]:
-        """One prompt's ``Probe`` (``simpipe.inference.answer_distribution``). Only where
+        """One prompt's ``Probe`` (``simpipe.answers.distribution``). Only where
         ``supports_answer_distributions``."""
         raise NotImplementedError(f"{type(self).__name__} computes no answer distributions")
 
@@ -195,7 +195,7 @@ class Backend(abc.ABC):
         raise NotImplementedError(f"{type(self).__name__} walks no chain of probes")
 
     #: Whether ``probe_each`` evaluates several prompts' probes together, in batches fixed
-    #: by the list of prompts alone (the embedded engine, ``simpipe.inference.llamacpp_batch``):
+    #: by the list of prompts alone (the embedded engine, ``simpipe.inference.llamacpp.batch``):
     #: the answer-tree consumers then hand it a list of prompts at once instead of walking
     #: them one after another in a chain.
     batched_evaluation: bool = False
@@ -204,13 +204,13 @@ class Backend(abc.ABC):
                    settings: Any, on_result: Callable[[int, T], None] | None = None
                    ) -> list[T]:
         """``work(i, probe)`` for each prompt ``i``, with that prompt's ``Probe``
-        (``simpipe.inference.answer_distribution``) for the answer ``vocab`` and sampler
+        (``simpipe.answers.distribution``) for the answer ``vocab`` and sampler
         ``settings``; the results in order, each also told to ``on_result(i, result)`` on
         the calling thread as it is ready. Only where ``batched_evaluation``."""
         raise NotImplementedError(f"{type(self).__name__} does not evaluate prompts in batches")
 
-    #: The server's sampler as a model (``next_token`` of ``llamacpp_sampler`` or
-    #: ``vllm_sampler``): what the answer-distribution walk applies to the probed tokens.
+    #: The server's sampler as a model (``next_token`` of ``llamacpp.sampler`` or
+    #: ``vllm.sampler``): what the answer-distribution walk applies to the probed tokens.
     answer_sampler: Callable[..., Any] = staticmethod(llamacpp_next_token)
 
     @classmethod
@@ -223,7 +223,7 @@ class Backend(abc.ABC):
     def samples_per_request(cls, settings: Any) -> int:
         """The most agents with one prompt it answers with one request of several samples
         (OpenAI's ``n``); 1: one request per agent. The round plan prices that way of
-        answering (``simpipe.agents.answer_methods``)."""
+        answering (``simpipe.answers.planner``)."""
         return 1
 
     @classmethod
@@ -231,7 +231,7 @@ class Backend(abc.ABC):
         """What its requests cost the servers behind it when the config gives no costs
         (``agents.cost``) and the servers are not emulated (the emulator's profile prices
         those); None: nothing to price (the embedded engine decides by its own measured
-        costs, ``simpipe.agents.shared_answers.full_tree_pays``)."""
+        costs, ``simpipe.answers.shared.full_tree_pays``)."""
         return None
 
     @abc.abstractmethod

@@ -7,7 +7,7 @@ its prompt tokens that were not served from the server's prefix cache, times
 fixed ``request_s``. The emulated servers charge exactly this for every request they finish
 (``simpipe.servers.emulator_model``: their ``work_s``, which ``simpipe.estimate`` reports per
 round as the fleet's GPU time), and the round plan prices its choices with it
-(``simpipe.agents.answer_methods``), so what the plan predicts and what the emulated fleet
+(``simpipe.answers.planner``), so what the plan predicts and what the emulated fleet
 charges are one function: ``request_s``.
 
 Prefix caching (vLLM's automatic prefix caching, on by default in its V1 engine): the KV

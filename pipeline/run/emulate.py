@@ -36,7 +36,7 @@ from simpipe.cluster.config import ServersConfig, memory_mib
 from simpipe.cluster.server_kinds import SERVER_KINDS
 from simpipe.config import Config, config_from_dict
 from simpipe.errors import SimpipeError
-from simpipe.inference.endpoints import is_local
+from simpipe.inference.http.endpoints import is_local
 
 LOOPBACK = "127.0.0.1"
 SUFFIX = "-emulated"

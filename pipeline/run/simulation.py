@@ -26,16 +26,13 @@ import pandas as pd
 import pyarrow.parquet as pq
 from distributed import Client, Future, as_completed
 
-from simpipe.agents.answer_methods import record_spent
 from simpipe.agents.mix import round_split, round_text
 from simpipe.agents.progress import ProgressWatch
-from simpipe.agents.registry import (
-    backend_supports_distributions,
-    close_engines_on_shutdown,
-    process_counters,
-    prompt_style,
-)
-from simpipe.agents.shared_answers import sharing_refusal
+from simpipe.agents.registry import close_engines_on_shutdown, process_counters
+from simpipe.answers.capabilities import backend_supports_distributions, prompt_style
+from simpipe.answers.planner import record_spent
+from simpipe.answers.round_plan import plans_rounds
+from simpipe.answers.shared import sharing_refusal
 from simpipe.config import AgentsConfig, Config
 from simpipe.errors import EXIT_CANCELLED, SimpipeError
 from simpipe.estimate import report_estimate
@@ -48,9 +45,9 @@ from simpipe.population_mix import llm_groups, mix_attribute, uses_llm
 from simpipe.records import CorruptFile
 from simpipe.run.console import Console
 from simpipe.run.executor import Executor, OwnClientExecutor, executor_for
+from simpipe.run.planned_round import plan_round
 from simpipe.run.population import ensure_population
 from simpipe.run.quiet_teardown import QuietTeardown
-from simpipe.run.round_plan import plan_round, plans_rounds
 from simpipe.run.round_progress import LINE_EVERY_S, RoundMeter, RoundSnapshot, format_eta
 from simpipe.run.round_task import ROW_COLUMNS, PartitionJob, PartitionOutcome, play_partition
 from simpipe.run.sigterm import sigterm_as_interrupt
@@ -249,8 +246,9 @@ def _play_round(client: Client, config: Config, paths: RunPaths, meter: RoundMet
             for k, (a, b) in enumerate(bounds)]
     plan = None
     if plans_rounds(config):
-        # Stages 1 and 2 (simpipe.run.round_plan): the round's distinct prompts, and the
-        # distributions of those worth one, computed once and spread over the workers.
+        # Stages 1 and 2 (simpipe.run.planned_round, planned by simpipe.answers.round_plan):
+        # the round's distinct prompts, and the distributions of those worth one, computed
+        # once and spread over the workers.
         t_plan = time.perf_counter()
         plan = plan_round(client, config, jobs, feedback_future, f"round-{r}-{token}",
                           lambda futures, label: _await(client, futures,

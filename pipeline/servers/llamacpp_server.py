@@ -23,7 +23,7 @@ import urllib.request
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from simpipe.inference.llamacpp import build_params, default_model_path, open_engine
+from simpipe.inference.llamacpp.backend import build_params, default_model_path, open_engine
 from simpipe.servers.process import ServerProcess
 
 READY_LINE = "simpipe-llamacpp-server listening on"

@@ -83,7 +83,7 @@ class RoundRecord(_Record):
     plan_s: float | None = None  # the plan's wall time (its stages 1 and 2)
     # How the plan answered the round's distinct prompts: per method its prompts and agents,
     # and where priced the predicted and (emulated fleets) spent GPU seconds
-    # (``simpipe.agents.answer_methods.methods_record``)
+    # (``simpipe.answers.planner.methods_record``)
     answer_methods: dict[str, Any] | None = None
 
     @property

@@ -13,7 +13,7 @@ from simpipe.cluster.connect import slurm_cluster_kwargs
 from simpipe.cluster.servers import server_command, server_job_script
 from simpipe.cluster.state import run_target
 from simpipe.config import ConfigError, load_config
-from simpipe.inference.endpoints import emulate_node, is_local
+from simpipe.inference.http.endpoints import emulate_node, is_local
 
 from support import one_error_line, simpipe_cli
 
@@ -159,7 +159,7 @@ def test_which_endpoints_are_on_this_node() -> None:
 def test_the_endpoint_pool_prefers_this_nodes_server_while_it_has_room() -> None:
     """What inference.endpoints' docstring promises: the pool orders endpoints itself (this
     node's first, least loaded), the other nodes' servers take the overflow and fail-over."""
-    from simpipe.inference.http import EndpointPool
+    from simpipe.inference.http.backend import EndpointPool
     from simpipe.inference.settings import TgiSettings
 
     remote, local = "http://node-elsewhere.invalid:8300", "http://127.0.0.1:8301"
@@ -175,7 +175,7 @@ def test_the_endpoint_pool_prefers_this_nodes_server_while_it_has_room() -> None
 def test_an_emulated_node_prefers_its_own_servers_on_one_machine() -> None:
     """Every server here is on 127.0.0.1; a process told it is emulated node 2 prefers
     node 2's servers, and its endpoint pool falls back to the others."""
-    from simpipe.inference.http import EndpointPool
+    from simpipe.inference.http.backend import EndpointPool
     from simpipe.inference.settings import TgiSettings
 
     eps = [f"http://127.0.0.1:{port}" for port in (8300, 8301, 8302, 8303)]

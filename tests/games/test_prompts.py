@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from simpipe.agents.llm import requests_for
-from simpipe.agents.shared_answers import sharing_refusal
+from simpipe.answers.shared import sharing_refusal
 from simpipe.games.answer_format import ANSWER_MARKER
 from simpipe.games.beauty_contest.prompts import (
     COMPLETION_CUE,

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from simpipe.inference.base import AnswerColumns, GenerationRequest, OutputConstraint
-from simpipe.inference.http import EndpointPool
-from simpipe.inference.openai_compat import OpenAIBackend
+from simpipe.inference.http.backend import EndpointPool
+from simpipe.inference.http.openai_compat import OpenAIBackend
+from simpipe.inference.http.tgi import TgiBackend
 from simpipe.inference.settings import OpenAISettings, TgiSettings
-from simpipe.inference.tgi import TgiBackend
 from simpipe.servers.stub import StubServer
 
 NUMBER = OutputConstraint(regex="(100|[1-9]?[0-9])", gbnf='root ::= [0-9]')

@@ -1,0 +1,262 @@
+"""A round's distinct prompts planned once for the whole population, their work spread.
+
+Without a plan each worker process computes the answer distribution of every prompt its
+partitions need and caches it: a prompt held by agents of every partition is computed once
+per worker, so a second worker only repeats the first one's work. Where LLM agents share
+answers (``simpipe.answers.shared.sharing_refusal`` is None) a round is therefore
+played in three stages:
+
+1. one task per partition renders its distinct prompts (``partition_prompts``) and keeps
+   them on its worker (``prompt_tally``); the client gathers only their 64-bit hashes,
+   group hashes (``prompt_group``: the text before the agent's own line and the cue) and
+   agent counts;
+2. the client merges them into the round's distinct prompts, each with its agents in all
+   partitions; those worth a distribution (``worth_a_distribution`` on that count) are
+   ordered by group, then hash, and cut into chunks of ``chunk_size`` in that order (a
+   chunk's prompts then share all but their last lines), and each chunk is one task
+   computing its prompts' distributions (``plan_chunk``), reading the prompt texts from the
+   stage-1 results (only the planned ones travel: ``texts_of``); the results stay on the
+   workers;
+3. each partition task gets the chunks as arguments (``play_planned_partition``): an agent
+   whose prompt is planned draws from its distribution with its own seed, the others are
+   answered as without a plan.
+
+The chunks depend only on the prompts and their counts, never on the number of workers, and
+each distribution is computed as one lone sequence (``SharedAnswers``), so the same seed
+gives the same guesses on any number of workers. A distribution's cost (model calls,
+tokens) is charged to the agents of the lowest-numbered partition played that holds the
+prompt, so a round's token columns still sum to what the model spent.
+
+This module decides (what is planned, in which chunks, charged to whom); the stages' tasks,
+which read a partition, render its agents' prompts, compute a chunk with the worker's
+policy and play a partition, are ``simpipe.run.planned_round``: they need the agents and
+the run, two layers above the answers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from simpipe.answers.capabilities import backend_supports_distributions, prompt_style
+from simpipe.answers.distribution import AnswerDistribution
+from simpipe.answers.planner import LAZY_METHODS, METHODS, AnswerCosts, methods_record
+from simpipe.answers.shared import Lookup, prompt_hash, sharing_refusal, worth_a_distribution
+from simpipe.config import Config
+from simpipe.inference.cost_model import approx_tokens
+from simpipe.population_mix import mix_attribute
+
+#: Most prompts per stage-2 task: a distribution is ~22 one-token calls (~0.5 s on 2 cores),
+#: so a chunk is seconds of work, and a round of ~1,000 prompts is ~130 tasks to spread.
+CHUNK_PROMPTS = 8
+#: Fewer prompts are cut into at least this many chunks, so that round 1's few shared
+#: prompts spread over the workers (the quickstart's 8 were one chunk: one worker computed
+#: them while the other waited). A smaller chunk costs its first prompt evaluated afresh.
+MIN_CHUNKS = 4
+
+
+def chunk_size(n_prompts: int) -> int:
+    """Prompts per chunk for a round that plans ``n_prompts``: a function of the prompts
+    alone, never of the workers, so that the chunks (and the bits) are the same on any
+    cluster."""
+    return max(1, min(CHUNK_PROMPTS, -(-n_prompts // MIN_CHUNKS)))
+
+#: No prompts (a partition that carries no planned prompt's cost).
+EMPTY_HASHES = np.empty(0, np.uint64)
+
+
+def plans_rounds(config: Config) -> bool:
+    """Whether this run's rounds are planned: LLM agents that share answers. A mixed
+    population's groups are answered by their own policies, each sharing per partition
+    (the plan renders one agents config's prompts)."""
+    agents = config.agents
+    if not agents.plugin.is_llm or mix_attribute(agents) is not None:
+        return False
+    return sharing_refusal(agents.share_answers, config.game, agents.backend,
+                           backend_supports_distributions(agents),
+                           prompt_style(agents)) is None
+
+
+@dataclass(frozen=True)
+class PromptTally:
+    """A partition's distinct prompts as the client sees them: hashes (sorted) and how many
+    of its agents hold each. ``played``: False when its part file exists (a resumed run):
+    its prompts count for the rule, but need no distribution for it."""
+
+    partition: int
+    played: bool
+    hashes: np.ndarray  # uint64
+    counts: np.ndarray  # int64
+    # Per prompt, the hash of its text before the last two lines (``prompt_group``); None:
+    # each prompt a group of its own.
+    groups: np.ndarray | None = None
+    # Per prompt, its tokens and those of its last two lines (``approx_tokens``): what the
+    # plan prices (``simpipe.answers.planner``); None: unknown (priced as 1 and 1).
+    tokens: np.ndarray | None = None
+    own_tokens: np.ndarray | None = None
+
+
+@dataclass(frozen=True)
+class PartitionPrompts:
+    """Stage 1's result, kept on the worker: the tally and the prompt texts (by hash)."""
+
+    tally: PromptTally
+    texts: dict[int, str]
+
+
+def prompt_tally(partition: int, played: bool, codes: np.ndarray,
+                 keys: Sequence[str]) -> PartitionPrompts:
+    """Stage 1's result from a partition's distinct prompts: ``keys`` (``prompt_key`` of
+    each), ``codes`` (which of them each agent holds); ``played``: see ``PromptTally``."""
+    hashes = np.fromiter((prompt_hash(k) for k in keys), np.uint64, len(keys))
+    counts = np.bincount(codes, minlength=len(keys)).astype(np.int64)
+    groups = np.fromiter((prompt_group(k) for k in keys), np.uint64, len(keys))
+    tokens = np.fromiter((approx_tokens(len(k)) for k in keys), np.int64, len(keys))
+    own = np.fromiter((approx_tokens(len(k) - len(k.rsplit("\n", 2)[0])) for k in keys),
+                      np.int64, len(keys))
+    order = np.argsort(hashes, kind="stable")
+    tally = PromptTally(partition, played, hashes[order], counts[order], groups[order],
+                        tokens[order], own[order])
+    return PartitionPrompts(tally, {int(h): k for h, k in zip(hashes.tolist(), keys, strict=True)})
+
+
+def prompt_group(prompt_key: str) -> int:
+    """The hash of a prompt's text before its last two lines: a prompt ends with the agent's
+    own line (its numbers, or its last round) and the answer cue, so prompts that share
+    everything else (rules, persona, announced numbers) share this key. Planned chunks are
+    cut from prompts ordered by it, so that a chunk's chain costs each prompt its last lines
+    rather than its persona and history too."""
+    return prompt_hash(prompt_key.rsplit("\n", 2)[0])
+
+
+def tally_of(found: PartitionPrompts) -> PromptTally:
+    """The small part of a stage-1 result the client needs (a task, so texts stay put)."""
+    return found.tally
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The client's plan of a round: which prompts each chunk computes, and which planned
+    prompts each partition carries the cost of."""
+
+    distinct: int  # the round's distinct prompts
+    chunks: list[np.ndarray]  # hashes by (group, hash), chunk_size(all of them) per chunk
+    owned: dict[int, np.ndarray]  # partition -> hashes whose cost its agents carry
+    # Per chunk, the round's agents on each of its prompts (a tree's pruning follows it).
+    agents: list[np.ndarray]
+    # How the round's distinct prompts are answered (run.json's ``answer_methods``:
+    # ``simpipe.answers.planner.methods_record``).
+    methods: dict = field(default_factory=dict)
+
+    @property
+    def planned(self) -> int:
+        return sum(c.size for c in self.chunks)
+
+
+def layout(tallies: Sequence[PromptTally], min_agents: int,
+           chunk_prompts: int | None = None, lazy_walks: bool = False,
+           costs: AnswerCosts | None = None) -> Layout:
+    """Merge the partitions' tallies: the round's distinct prompts with their agents, the
+    ones worth a distribution (held by a partition still to be played) in chunks of
+    ``chunk_prompts`` (by default ``chunk_size`` of their number). Worth one: by the
+    embedded engine's measured rule (``lazy_walks``), else the cheapest of the back-end's
+    ways to answer a prompt (``costs``: ``simpipe.answers.planner``), else held by
+    ``min_agents``; all on the round's counts."""
+    tallies = sorted(tallies, key=lambda t: t.partition)
+    if not tallies:
+        return Layout(0, [], {}, [])
+    hashes = np.concatenate([t.hashes for t in tallies] + [EMPTY_HASHES])
+    groups = np.concatenate([t.hashes if t.groups is None else t.groups for t in tallies]
+                            + [EMPTY_HASHES])
+    counts = np.concatenate([t.counts for t in tallies] + [np.empty(0, np.int64)])
+    parts = np.concatenate([np.full(t.hashes.size, t.partition, np.int64) for t in tallies]
+                           + [np.empty(0, np.int64)])
+    played = np.concatenate([np.full(t.hashes.size, t.played) for t in tallies]
+                            + [np.empty(0, bool)])
+    uniq, first_row, inverse = np.unique(hashes, return_index=True, return_inverse=True)
+    total = np.bincount(inverse, weights=counts, minlength=uniq.size).astype(np.int64)
+    needed = np.bincount(inverse, weights=played, minlength=uniq.size) > 0
+    if costs is not None and not lazy_walks:
+        worth, methods = _priced(tallies, costs, first_row, inverse, counts, total)
+    else:
+        worth = np.fromiter((worth_a_distribution(int(n), min_agents, lazy_walks)
+                             for n in total.tolist()), bool, total.size)
+        methods = methods_record(worth.astype(np.int64),
+                                 LAZY_METHODS if lazy_walks else ("calls", "tree"), total)
+    pick = worth & needed
+    # By group, then hash: prompts that differ only in their last lines go to one chunk.
+    order = np.lexsort((uniq[pick], groups[first_row][pick]))
+    chosen = uniq[pick][order]
+    on_chosen = total[pick][order]
+    size = chunk_prompts or chunk_size(int(chosen.size))
+    chunks = [chosen[i:i + size] for i in range(0, chosen.size, size)]
+    agents = [on_chosen[i:i + size] for i in range(0, chosen.size, size)]
+    # Each planned prompt's cost goes to the lowest-numbered played partition holding it.
+    rows = np.nonzero(played & np.isin(hashes, chosen))[0]
+    first = {}
+    for h, k in zip(hashes[rows].tolist(), parts[rows].tolist(), strict=True):
+        first.setdefault(h, k)  # rows are in partition order
+    owned: dict[int, list[int]] = {}
+    for h, k in first.items():
+        owned.setdefault(k, []).append(h)
+    return Layout(int(uniq.size), chunks,
+                  {k: np.array(sorted(v), np.uint64) for k, v in owned.items()}, agents,
+                  methods)
+
+
+def _priced(tallies: Sequence[PromptTally], costs: AnswerCosts, first_row: np.ndarray,
+            inverse: np.ndarray, counts: np.ndarray,
+            total: np.ndarray) -> tuple[np.ndarray, dict]:
+    """Per distinct prompt, whether its cheapest method is a tree, and the round's
+    ``answer_methods`` with the predicted cost (``samples`` as the partitions send them:
+    one request per partition and ``cap`` agents)."""
+    ones = [np.ones(t.hashes.size, np.int64) for t in tallies]
+    tokens = np.concatenate([o if t.tokens is None else t.tokens
+                             for t, o in zip(tallies, ones, strict=True)])[first_row]
+    own = np.concatenate([o if t.own_tokens is None else t.own_tokens
+                          for t, o in zip(tallies, ones, strict=True)])[first_row]
+    chosen = costs.choose(total, tokens, own)
+    requests = np.bincount(inverse, weights=np.ceil(counts / costs.samples_cap),
+                           minlength=total.size)
+    prices = costs.prices(total, tokens, own, requests)
+    predicted = float(prices[chosen, np.arange(total.size)].sum()) if total.size else 0.0
+    return (chosen == METHODS.index("tree"),
+            methods_record(chosen, METHODS, total, predicted, costs.model.source))
+
+
+@dataclass(frozen=True)
+class PlannedChunk:
+    """Stage 2's result: each prompt's text and what computing its distribution gave."""
+
+    texts: list[str]
+    hashes: list[int]
+    lookups: list[Lookup]
+
+
+def texts_of(found: PartitionPrompts, planned: np.ndarray) -> dict[int, str]:
+    """The texts of a partition's prompts that are planned (a task: a partition's texts can
+    be a hundred megabytes in later rounds; the planned ones are a few)."""
+    return {h: found.texts[h] for h in planned.tolist() if h in found.texts}
+
+
+def planned_for(chunks: Sequence[PlannedChunk],
+                owned: np.ndarray) -> dict[str, AnswerDistribution]:
+    """``Turn.planned`` of one partition: every pinned-down distribution, charged with its
+    cost where this partition carries it and free elsewhere. A prompt whose distribution
+    could not be pinned down is left out: its agents are answered as without a plan."""
+    mine = set(owned.tolist())
+    planned: dict[str, AnswerDistribution] = {}
+    for chunk in chunks:
+        for text, h, found in zip(chunk.texts, chunk.hashes, chunk.lookups, strict=True):
+            dist = found.distribution
+            if dist is None:
+                continue
+            paid = h in mine and found.computed
+            planned[text] = replace(dist, calls=found.calls if paid else 0,
+                                    tokens_in=found.tokens_in if paid else 0,
+                                    tokens_out=found.tokens_out if paid else 0)
+    return planned
+
+

