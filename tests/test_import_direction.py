@@ -23,7 +23,7 @@ FOLDERS = {"pipeline": "simpipe", "games": "simpipe.games", "personas": "simpipe
            "cluster": "simpipe.cluster"}
 #: The layers, bottom first: a package may import its own layer and those below, never one
 #: above. A unit is a subpackage of simpipe or a module of the core (``pipeline/*.py``):
-#: the core's modules sit at different heights. docs/extending.md explains each layer.
+#: the core's modules sit at different heights. docs/architecture.md explains each layer.
 LAYERS: list[tuple[str, ...]] = [
     # imports nothing of simpipe but each other
     ("simpipe.errors", "simpipe.aio", "simpipe.files", "simpipe.records", "simpipe.home",

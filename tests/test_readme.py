@@ -1,5 +1,6 @@
-"""The README matches the code: its module map names every package and only modules that
-exist, its command table every command, and its test command is the one CI runs."""
+"""The README matches the code: the module map (docs/architecture.md) names every package and
+only modules that exist, the README's command table every command, its test command is the
+one CI runs, and it stays short enough to read (at most 20,000 characters)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from simpipe.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
 _CODE = re.compile(r"`([^`]+)`")
 
 
@@ -32,7 +34,7 @@ def table_rows(body: str) -> list[list[str]]:
 
 
 def module_map(text: str) -> dict[str, list[str]]:
-    """Package -> the modules its rows name, from the README's module map."""
+    """Package -> the modules its rows name, from the module map (docs/architecture.md)."""
     named: dict[str, list[str]] = {}
     for cells in table_rows(section(text, "Module map")):
         package = next((c for c in _CODE.findall(cells[0]) if c.startswith("simpipe")), None)
@@ -67,8 +69,15 @@ def map_problems(named: dict[str, list[str]], packages: list[str]) -> list[str]:
 
 
 def test_the_module_map_names_every_package_and_module_and_each_imports():
-    problems = map_problems(module_map(README.read_text(encoding="utf-8")), installed_packages())
-    assert not problems, "README.md module map:\n" + "\n".join(problems)
+    problems = map_problems(module_map(ARCHITECTURE.read_text(encoding="utf-8")),
+                            installed_packages())
+    assert not problems, "docs/architecture.md module map:\n" + "\n".join(problems)
+
+
+def test_the_readme_is_short_and_points_to_the_architecture():
+    text = README.read_text(encoding="utf-8")
+    assert len(text) <= 20_000, f"README.md has {len(text):,} characters: move detail to docs/"
+    assert "(docs/architecture.md)" in section(text, "Architecture")
 
 
 def test_a_map_with_a_wrong_name_or_a_missing_package_is_caught():

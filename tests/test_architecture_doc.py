@@ -1,0 +1,46 @@
+"""docs/architecture.md's layer table is the one the import test enforces (``LAYERS``): the
+same units, in the same layers, bottom first. A layer changed in the code and not in the
+page (or the other way round) fails here, naming the row."""
+
+from __future__ import annotations
+
+import re
+
+from test_import_direction import LAYERS
+from test_readme import ARCHITECTURE, section, table_rows
+
+_UNIT = re.compile(r"`(simpipe(?:\.[a-z_]+)*)`")
+
+
+def documented_layers(text: str) -> list[tuple[str, ...]]:
+    """Each row's units: the ``simpipe...`` names in its second column, in order."""
+    return [tuple(_UNIT.findall(cells[1])) for cells in table_rows(section(text, "Layers"))]
+
+
+def layer_problems(documented: list[tuple[str, ...]],
+                   enforced: list[tuple[str, ...]]) -> list[str]:
+    problems = []
+    if len(documented) != len(enforced):
+        problems.append(f"the page has {len(documented)} layers, LAYERS {len(enforced)}")
+    for i, (doc, code) in enumerate(zip(documented, enforced, strict=False), start=1):
+        if set(doc) != set(code):
+            problems.append(f"layer {i}: the page names {sorted(doc)}, LAYERS {sorted(code)}")
+    return problems
+
+
+def test_the_page_draws_the_layers_the_import_test_enforces():
+    problems = layer_problems(documented_layers(ARCHITECTURE.read_text(encoding="utf-8")),
+                              LAYERS)
+    assert not problems, "docs/architecture.md '## Layers':\n" + "\n".join(problems)
+
+
+def test_a_unit_in_the_wrong_layer_is_caught():
+    page = ("## Layers\n\n| layer | units | may import |\n|---|---|---|\n"
+            "| base | `simpipe.errors` | nothing |\n| top | `simpipe.cli`, `simpipe` | all |\n")
+    same = [("simpipe.errors",), ("simpipe", "simpipe.cli")]
+    assert layer_problems(documented_layers(page), same) == []
+    moved = layer_problems(documented_layers(page), [("simpipe.errors", "simpipe.cli"),
+                                                     ("simpipe",)])
+    assert moved == ["layer 1: the page names ['simpipe.errors'], LAYERS "
+                     "['simpipe.cli', 'simpipe.errors']",
+                     "layer 2: the page names ['simpipe', 'simpipe.cli'], LAYERS ['simpipe']"]
