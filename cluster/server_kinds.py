@@ -111,7 +111,7 @@ SERVER_KINDS: dict[str, ServerKindPlugin] = {kind.name: kind for kind in (
         "emulated", "simpipe's GPU server emulator: [emulator](emulator.md)", emulator=True,
         template=("{python} -m simpipe.servers.emulator --host {host} --port {port} "
                   "{emulator_args} {extra_args}"),
-        local="simpipe.run.emulate:local_emulators"),
+        local="simpipe.cluster.local_servers:local_emulators"),
 )}
 #: ``cluster.servers.kind`` when the config names none.
 DEFAULT_SERVER_KIND = "none"

@@ -246,7 +246,6 @@ IMPORT_STRING = re.compile(r"simpipe(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")
 #: work (docs/architecture.md, "Layers"). A new one fails the test; fixing one of these
 #: fails it too, until it is taken off this list.
 KNOWN_UPWARD_STRINGS = {
-    ("cluster/server_kinds.py", "simpipe.run.emulate"),  # the emulator kind's local launcher
     ("pipeline/backends.py", "simpipe.agents.registry"),  # the scripted back-end's policy
 }
 
