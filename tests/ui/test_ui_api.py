@@ -489,3 +489,13 @@ def test_the_bearer_scheme_is_case_insensitive(results):
                            {"Authorization": "bearer wrong"})[0] == 401
         assert raw_request(srv.port, "GET", "/api/runs",
                            {"Authorization": "Basic s3cret-token"})[0] == 401
+
+
+def test_ui_help_names_the_token_variable_the_server_reads():
+    # The option's help spells the variable out (importing simpipe.ui.security would load
+    # aiohttp for `simpipe --help`); it must stay the one the server checks.
+    from simpipe.ui.security import TOKEN_ENV
+
+    result = CliRunner().invoke(main, ["ui", "--help"])
+    assert result.exit_code == 0, result.output
+    assert re.search(rf"\${TOKEN_ENV}\b", result.output), result.output
