@@ -272,10 +272,11 @@ class ServersConfig(_Section):
         return self.emulated.gpus_per_process if self.plugin.emulator else 1
 
 
+# The base of every kind's settings model (a kind is a ``simpipe.cluster.plugin.ClusterKind``):
+# a subclass declares ``kind: Literal["<name>"] = "<name>"`` (the kind's name is read from
+# that default) and its own keys only. Its docstring is the config reference's text.
 class ClusterSettings(_Section):
-    """The base of every kind's settings model: each kind also takes ``[cluster.servers]``,
-    the inference servers its runs use. A subclass declares ``kind: Literal["<name>"] =
-    "<name>"`` (the kind's name is read from that default) and its own keys only."""
+    """Every kind also takes ``[cluster.servers]``, the inference servers its runs use."""
 
     servers: ServersConfig = Field(ServersConfig(), description=(
         "inference servers started for each run (or kept warm by `simpipe cluster up`)"))
