@@ -1,9 +1,9 @@
-"""``[cluster]``: where the Dask workers run. Knows nothing of games or personas.
+r"""``[cluster]``: where the Dask workers run. Knows nothing of games or personas.
 
-Each ``cluster.kind`` is a plug-in: its settings model, holding only that kind's keys
-(``CLUSTER_KINDS``), and its executor, what starts and stops its workers
-(``simpipe.run.executor.EXECUTORS``). ``ClusterConfig`` is the settings' union,
-discriminated on ``kind``.
+The settings models of the built-in ``cluster.kind``\ s, each holding only that kind's keys
+on the common base ``ClusterSettings`` (which gives every kind ``[cluster.servers]``). A
+kind is one plug-in object, ``simpipe.cluster.plugin.ClusterKind``, registered in
+``simpipe.cluster.kinds.CLUSTER_KINDS``: its settings model from here and its executor.
 """
 
 from __future__ import annotations
@@ -11,8 +11,7 @@ from __future__ import annotations
 import datetime
 import math
 import re
-from dataclasses import dataclass
-from typing import Annotated, Any, ClassVar, Literal, Union
+from typing import Annotated, Any, ClassVar, Literal
 
 from dask.utils import parse_bytes
 from pydantic import (
@@ -20,12 +19,10 @@ from pydantic import (
     BaseModel,
     BeforeValidator,
     ConfigDict,
-    Discriminator,
     Field,
     FiniteFloat,
     StrictBool,
     StrictInt,
-    Tag,
     field_validator,
     model_validator,
 )
@@ -275,7 +272,10 @@ class ServersConfig(_Section):
         return self.emulated.gpus_per_process if self.plugin.emulator else 1
 
 
-class _Cluster(_Section):
+# The base of every kind's settings model (a kind is a ``simpipe.cluster.plugin.ClusterKind``):
+# a subclass declares ``kind: Literal["<name>"] = "<name>"`` (the kind's name is read from
+# that default) and its own keys only. Its docstring is the config reference's text.
+class ClusterSettings(_Section):
     """Every kind also takes ``[cluster.servers]``, the inference servers its runs use."""
 
     servers: ServersConfig = Field(ServersConfig(), description=(
@@ -286,7 +286,7 @@ class _Cluster(_Section):
     server_jobs: ClassVar[bool] = False
 
     @model_validator(mode="after")
-    def _servers_run_here(self) -> _Cluster:
+    def _servers_run_here(self) -> ClusterSettings:
         if not self.server_jobs and self.servers.plugin.needs_slurm:
             kind = self.model_fields["kind"].default  # type: ignore[index]
             raise ValueError(f'cluster.servers.kind = "{self.servers.kind}" needs cluster.kind = '
@@ -296,7 +296,7 @@ class _Cluster(_Section):
         return self
 
 
-class _WithDashboard(_Cluster):
+class _WithDashboard(ClusterSettings):
     dashboard_address: str = Field("127.0.0.1:8787", description=(
         "the Dask dashboard, on loopback like `simpipe ui` (`ssh -L 8787:127.0.0.1:8787 "
         "login` to see it from elsewhere; `\":8787\"` for every interface); `\"\"` turns it "
@@ -328,7 +328,7 @@ class LocalClusterConfig(_WithDashboard):
         return value if value == "auto" else memory_amount(value)
 
 
-class AddressClusterConfig(_Cluster):
+class AddressClusterConfig(ClusterSettings):
     """``kind = "address"``: an existing scheduler (``simpipe cluster up``, ``dask scheduler``)."""
 
     kind: Literal["address"] = "address"
@@ -444,53 +444,3 @@ class SlurmClusterConfig(_WithDashboard):
         if stagger:
             args += ["--lifetime-stagger", f"{int(stagger)}s"]
         return args
-
-
-# --- the kinds as plug-ins -------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ClusterKind:
-    """One ``cluster.kind``: its settings model, whose ``kind`` default is its name. What
-    runs it is its executor (``simpipe.run.executor.EXECUTORS``, imported when a run
-    starts: distributed and dask-jobqueue are heavy, ``simpipe validate`` needs neither)."""
-
-    settings: type[_Cluster]
-
-    @property
-    def name(self) -> str:
-        return self.settings.model_fields["kind"].default
-
-
-CLUSTER_KINDS: dict[str, ClusterKind] = {kind.name: kind for kind in (
-    ClusterKind(LocalClusterConfig),
-    ClusterKind(AddressClusterConfig),
-    ClusterKind(SlurmClusterConfig),
-)}
-DEFAULT_KIND = "local"
-#: The validation error type of a ``kind`` that names no kind (its input is the section).
-KIND_ERROR = "cluster_kind"
-
-
-def _one_of(names: list[str]) -> str:
-    """``'a', 'b' or 'c'``, as pydantic lists allowed values."""
-    quoted = [repr(name) for name in names]
-    return " or ".join([", ".join(quoted[:-1]), quoted[-1]] if len(quoted) > 1 else quoted)
-
-
-def _kind_of(value: Any) -> str | None:
-    """The discriminator: ``kind``, ``"local"`` when the section leaves it out."""
-    if isinstance(value, dict):
-        kind = value.get("kind", DEFAULT_KIND)
-        return kind if isinstance(kind, str) else None
-    return getattr(value, "kind", None)
-
-
-#: ``[cluster]``: one of the kinds' settings models, chosen by ``kind``; a key of another
-#: kind is an error naming the key and the kind.
-ClusterConfig = Annotated[
-    Union[tuple(Annotated[k.settings, Tag(name)]  # noqa: UP007 - built from the registry
-                for name, k in CLUSTER_KINDS.items())],
-    Discriminator(_kind_of, custom_error_type=KIND_ERROR,
-                  custom_error_message=f"Input should be {_one_of(list(CLUSTER_KINDS))}"),
-]

@@ -1,10 +1,9 @@
-"""The pieces of a Dask client for a ``[cluster]`` section that the executors
-(``simpipe.run.executor``) and the persistent cluster's manager share: the client class,
-the SLURMCluster's arguments and dashboard, starting its workers."""
+"""The pieces of a Dask client for a ``[cluster]`` section that the kinds' executors
+(``simpipe.cluster.workers``) and ``simpipe sbatch``'s job share: the client class, the
+SLURMCluster's arguments and dashboard, starting its workers."""
 
 from __future__ import annotations
 
-import functools
 import logging
 import sys
 import time
@@ -17,10 +16,10 @@ from distributed import Client
 from simpipe.cluster import dashboard_off
 from simpipe.cluster.config import SlurmClusterConfig
 from simpipe.cluster.ctrl_c import import_slurm_cluster
-from simpipe.cluster.slurm import SlurmError, dry_submit, require_controller, sbatch_words
+from simpipe.cluster.slurm import SlurmError, dry_submit, require_controller
+from simpipe.cluster.slurm_job import REFUSED, SUBMIT_LOGGER, refused_jobs, reporting_job_class
 from simpipe.errors import SimpipeError
 
-logger = logging.getLogger(__name__)
 #: The keys whose values reach the worker job's #SBATCH lines: what a refusal points at.
 JOB_KEYS = ("cluster.queue, cluster.account, cluster.cores, cluster.memory, cluster.walltime "
             "and cluster.job_extra_directives")
@@ -88,9 +87,10 @@ def _as_list(value: Any) -> list[Any]:
 
 
 @contextmanager
-def slurm_cluster(config: SlurmClusterConfig,
-                  job_name: str = "simpipe-worker") -> Iterator[Any]:
-    """A started ``SLURMCluster`` (no jobs yet); closing it cancels its jobs."""
+def slurm_cluster(config: SlurmClusterConfig, job_name: str = "simpipe-worker",
+                  job_class: type | None = None) -> Iterator[Any]:
+    """A started ``SLURMCluster`` (no jobs yet) whose jobs are ``job_class`` (default
+    ``reporting_job_class()``); closing it cancels its jobs."""
     SLURMCluster = import_slurm_cluster()  # a class: named like one
 
     try:
@@ -98,57 +98,13 @@ def slurm_cluster(config: SlurmClusterConfig,
     except SlurmError as exc:
         raise ClusterError(str(exc)) from None
     try:
-        cluster = SLURMCluster(job_cls=reporting_job_class(),
+        cluster = SLURMCluster(job_cls=job_class or reporting_job_class(),
                                **slurm_cluster_kwargs(config, job_name))
     except (OSError, ValueError) as exc:
         raise ClusterError(f"cannot start the Dask scheduler for SLURM workers ({exc}); check "
                            "cluster.interface and cluster.scheduler_options") from exc
     with cluster:
         yield cluster
-
-
-@functools.cache
-def reporting_job_class() -> type:
-    """dask-jobqueue's ``SLURMJob``, keeping sbatch's refusal as ``submit_error``.
-
-    Why: dask-jobqueue raises a refused ``sbatch`` inside its event loop, where nobody
-    waits for it (a logged traceback), and leaves the job ``created``: the run then waited
-    ``start_timeout_s`` for a worker that could never come and the cluster's close failed
-    with ``AssertionError: Status.created``. Here the job is marked failed (which closes
-    cleanly), the refusal is one warning line, and ``start_workers`` reports it at once."""
-    import_slurm_cluster()  # dask_jobqueue, without its side effect on Ctrl-C
-    from dask_jobqueue.slurm import SLURMJob
-    from distributed.core import Status
-
-    class ReportingSLURMJob(SLURMJob):
-        submit_error: str | None = None
-
-        def __await__(self) -> Any:
-            async def started() -> ReportingSLURMJob:
-                async with self.lock:
-                    if self.status == Status.created:
-                        await self.start()
-                return self
-
-            return started().__await__()
-
-        async def start(self) -> None:
-            try:
-                await super().start()
-            except (RuntimeError, ValueError, OSError) as exc:  # sbatch failed or said nothing
-                words = sbatch_words(str(exc).split("stderr:", 1)[-1])
-                self.status = Status.failed
-                # Said before it is seen: start_workers's filter is still on.
-                logger.warning("sbatch refused a worker job: %s", words)
-                self.submit_error = words
-
-    return ReportingSLURMJob
-
-
-def refused_jobs(cluster: Any) -> list[str]:
-    """sbatch's words for each worker job of ``cluster`` it refused."""
-    return [job.submit_error for job in list(cluster.workers.values())
-            if getattr(job, "submit_error", None)]
 
 
 def start_workers(cluster: Any, client: Client, config: SlurmClusterConfig) -> None:
@@ -168,13 +124,13 @@ def _said_by_the_error() -> Iterator[None]:
     """The refusal warnings of the jobs ``start_workers`` submits stay quiet: its error
     says the same, once."""
     def keep(record: logging.LogRecord) -> bool:
-        return not record.getMessage().startswith("sbatch refused")
+        return not record.getMessage().startswith(REFUSED)
 
-    logger.addFilter(keep)
+    SUBMIT_LOGGER.addFilter(keep)
     try:
         yield
     finally:
-        logger.removeFilter(keep)
+        SUBMIT_LOGGER.removeFilter(keep)
 
 
 def _start_and_wait(cluster: Any, client: Client, config: SlurmClusterConfig) -> None:

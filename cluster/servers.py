@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from simpipe.cluster import slurm
-from simpipe.cluster.config import ClusterConfig, ServersConfig, memory_mib
+from simpipe.cluster.config import ServersConfig, SlurmClusterConfig, memory_mib
 from simpipe.errors import SimpipeError
 
 ENDED_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
@@ -100,7 +100,7 @@ def server_command(cfg: ServersConfig, port: int | str, index: int = 0,
     return command
 
 
-def server_job_script(cluster: ClusterConfig, cluster_name: str, index: int,
+def server_job_script(cluster: SlurmClusterConfig, cluster_name: str, index: int,
                       log_dir: str | None = None) -> str:
     """The sbatch script of server job ``index`` (one server, or ``servers_per_job``
     emulated ones on consecutive ports)."""
@@ -135,7 +135,8 @@ def server_job_script(cluster: ClusterConfig, cluster_name: str, index: int,
     return "\n".join(lines) + "\n"
 
 
-def launch(cluster: ClusterConfig, cluster_name: str, log_dir: str | None = None) -> list[Server]:
+def launch(cluster: SlurmClusterConfig, cluster_name: str,
+           log_dir: str | None = None) -> list[Server]:
     """Submit every server job; returns at once (see ``wait_healthy``)."""
     if log_dir:
         Path(log_dir).mkdir(parents=True, exist_ok=True)
@@ -154,7 +155,7 @@ def launch(cluster: ClusterConfig, cluster_name: str, log_dir: str | None = None
 
 
 @contextmanager
-def running_servers(cluster: ClusterConfig, cluster_name: str,
+def running_servers(cluster: SlurmClusterConfig, cluster_name: str,
                     log_dir: str | None = None) -> Iterator[list[Server]]:
     """Every server job submitted and healthy (see ``launch``, ``wait_healthy``); all of
     them cancelled on exit, whatever happened."""

@@ -10,7 +10,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 
-from simpipe.cluster.config import ClusterConfig
+from simpipe.cluster.config import ClusterSettings, SlurmClusterConfig
 from simpipe.errors import SimpipeError
 
 
@@ -22,11 +22,13 @@ class NotSlurm(SimpipeError, ValueError):
     """A command that only runs on SLURM got another ``cluster.kind``."""
 
 
-def require_slurm(cluster: ClusterConfig, command: str) -> None:
-    """Raise NotSlurm naming ``command`` (e.g. "simpipe sbatch") and the kind it got unless
-    ``[cluster]`` is a SLURM cluster: the one check of every SLURM-only command."""
-    if cluster.kind != "slurm":
+def require_slurm(cluster: ClusterSettings, command: str) -> SlurmClusterConfig:
+    """``[cluster]`` as the SLURM settings it must be, else NotSlurm naming ``command``
+    (e.g. "simpipe sbatch") and the kind it got: the one check of every SLURM-only command,
+    and the narrowing that lets it read the SLURM keys, typed."""
+    if not isinstance(cluster, SlurmClusterConfig):
         raise NotSlurm(f'{command} needs cluster.kind = "slurm" (got "{cluster.kind}")')
+    return cluster
 
 
 def _run(args: list[str], *, input_text: str | None = None, timeout: float = 30.0) -> str:

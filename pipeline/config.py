@@ -47,7 +47,8 @@ from simpipe.backends import (
     endpoint_backends,
     llm_backends,
 )
-from simpipe.cluster.config import KIND_ERROR, ClusterConfig, LocalClusterConfig
+from simpipe.cluster.config import LocalClusterConfig
+from simpipe.cluster.kinds import KIND_ERROR, settings_union
 from simpipe.errors import SimpipeError
 from simpipe.games.config import AnyGameConfig, BeautyContestConfig, GameConfig
 from simpipe.games.registry import game_for
@@ -58,6 +59,9 @@ from simpipe.personas.meta_prompt import prompt_hash
 # The largest TOML integer. Every use of the seed takes it: numpy's SeedSequence (any
 # integer >= 0) and the per-agent request seeds, computed in uint64 (simpipe.agents.llm).
 SEED_MAX = 2**63 - 1
+#: ``[cluster]``: one of the registered kinds' settings models, chosen by ``kind``
+#: (``simpipe.cluster.kinds.CLUSTER_KINDS``, as registered when this module is imported).
+ClusterConfig = settings_union()
 # A config is a few KiB (the largest example: 2.4 KiB). The bound keeps a wrong file (a
 # log, /dev/zero, a 50 MB value) from being read whole and echoed back.
 MAX_CONFIG_BYTES = 2**20

@@ -12,18 +12,18 @@ from distributed import Client
 import simpipe
 from simpipe.cluster.batch import BatchOptions
 from simpipe.cluster.config import (
-    CLUSTER_KINDS,
     AddressClusterConfig,
     LocalClusterConfig,
     ServersConfig,
     SlurmClusterConfig,
 )
 from simpipe.cluster.slurm import NotSlurm
+from simpipe.cluster.workers import LocalWorkers
 from simpipe.config import ConfigError
 from simpipe.errors import SimpipeError
 from simpipe.run.batch_task import write_batch_script
 from simpipe.run.console import Console
-from simpipe.run.executor import EXECUTORS, ExecutorError, LocalExecutor, executor_for
+from simpipe.run.executor import ExecutorError, executor_for
 from simpipe.store.results import read_ledger, read_rounds
 
 from support import small_config
@@ -42,7 +42,7 @@ def test_two_runs_inside_one_entered_executor_share_its_cluster_which_closes_aft
     second = _named(first, "second").with_sections(game=first.game.model_copy(
         update={"rounds": 2}))
     with executor_for(first, say=QUIET.line) as executor:
-        assert isinstance(executor, LocalExecutor)
+        assert isinstance(executor.workers, LocalWorkers)  # the kind's executor
         client = executor.client
         cluster = client.cluster
         a = simpipe.run_simulation(first, executor=executor, console=QUIET)
@@ -56,10 +56,6 @@ def test_two_runs_inside_one_entered_executor_share_its_cluster_which_closes_aft
     assert cluster.status.name == "closed"
     with pytest.raises((OSError, TimeoutError)):
         Client(scheduler, timeout="2s")
-
-
-def test_every_cluster_kind_has_an_executor() -> None:
-    assert set(EXECUTORS) == set(CLUSTER_KINDS)
 
 
 def test_a_run_outside_its_executor_or_with_two_places_to_run_is_refused(

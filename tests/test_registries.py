@@ -6,6 +6,10 @@ whatever differs between them is declared there. Code elsewhere that compares ag
 name, or uses one as a key, decides per back-end or kind behind the registry's back: adding
 one would then need edits all over. Checked on the source with ``ast``: text (docstrings,
 descriptions, messages) and values (a config naming its back-end) are not decisions.
+
+A new back-end, server kind or cluster kind is one registry entry: the config, the launcher
+and the executor take it up with no other edit (``simpipe.cluster.kinds.CLUSTER_KINDS``: a
+cluster kind is one plug-in object, its settings model and its executor).
 """
 
 from __future__ import annotations
@@ -245,3 +249,83 @@ def test_a_new_backend_and_server_kind_are_one_registry_entry_each() -> None:
     assert "'echo'" in out["errors"]["backend"]
     assert "'fake'" in out["errors"]["kind"]
     assert 'cluster.servers.kind = "fake" needs cluster.kind = "slurm"' in out["errors"]["local"]
+
+
+# One more cluster kind, declared as one plug-in object (its settings model and its executor,
+# here a LocalCluster of threads in this process) and registered before the config is
+# imported, as an entry in simpipe.cluster.kinds.CLUSTER_KINDS would be. A process of its
+# own: the registration ends with it.
+_NEW_CLUSTER_KIND = r'''
+import json, sys
+from contextlib import ExitStack
+from typing import Literal
+
+from pydantic import Field, StrictInt
+
+from simpipe.cluster.config import ClusterSettings
+from simpipe.cluster.kinds import CLUSTER_KINDS
+from simpipe.cluster.plugin import ClusterKind, Workers
+
+
+class ThreadsClusterConfig(ClusterSettings):
+    kind: Literal["threads"] = "threads"
+    threads: StrictInt = Field(2, ge=1, description="partitions played at once")
+
+
+class ThreadWorkers(Workers[ThreadsClusterConfig]):
+    def connect(self, stack: ExitStack):
+        from distributed import Client, LocalCluster
+
+        cluster = stack.enter_context(LocalCluster(
+            n_workers=1, threads_per_worker=self.settings.threads, processes=False,
+            dashboard_address=None))
+        return stack.enter_context(Client(cluster))
+
+
+CLUSTER_KINDS["threads"] = ClusterKind(ThreadsClusterConfig, ThreadWorkers)
+
+import simpipe
+from simpipe.config import ConfigError, config_from_dict
+from simpipe.run.console import Console
+from simpipe.run.executor import executor_for
+from simpipe.store.results import read_rounds
+
+raw = {"run": {"name": "toy", "seed": 1, "output_dir": sys.argv[1]},
+       "population": {"size": 40, "partitions": 2, "attributes": {"age": {"min": 18, "max": 80}}},
+       "game": {"rounds": 2}, "agents": {"backend": "scripted"},
+       "cluster": {"kind": "threads", "threads": 3}}
+config = config_from_dict(raw)
+errors = {}
+for name, cluster in {"other_kinds_key": {"kind": "threads", "workers": 2},
+                      "unknown_kind": {"kind": "nope"}}.items():
+    try:
+        config_from_dict({**raw, "cluster": cluster})
+    except ConfigError as exc:
+        errors[name] = str(exc)
+with executor_for(config, say=lambda _: None) as executor:
+    result = simpipe.run_simulation(config, executor=executor, console=Console(quiet=True))
+    nthreads = executor.client.nthreads()
+print(json.dumps({
+    "settings": type(config.cluster).__name__, "threads": config.cluster.threads,
+    "workers": type(executor.workers).__name__ if executor.workers else None,
+    "nthreads": sorted(nthreads.values()), "rows": len(read_rounds(result.run_dir)),
+    "errors": errors,
+}))
+'''
+
+
+def test_a_new_cluster_kind_is_one_plugin_object(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-c", _NEW_CLUSTER_KIND, str(tmp_path)],
+                          capture_output=True, text=True, cwd=REPO, timeout=180, check=False)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    # Validation takes its own keys, typed by its own model ...
+    assert out["settings"] == "ThreadsClusterConfig" and out["threads"] == 3
+    # ... refuses another kind's, naming the key and the kind, and lists it among the kinds.
+    assert ("unknown key 'cluster.workers' for cluster.kind = 'threads'; allowed here: kind, "
+            "servers, threads") in out["errors"]["other_kinds_key"]
+    assert "'threads'" in out["errors"]["unknown_kind"]
+    # executor_for runs it: a whole (tiny) run on its one in-process worker.
+    assert out["workers"] is None  # left: what it started is gone
+    assert out["nthreads"] == [3]
+    assert out["rows"] == 2 * 40

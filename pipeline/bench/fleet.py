@@ -55,7 +55,7 @@ from simpipe.errors import SimpipeError
 from simpipe.estimate import STATS_PATH, fetch_stats, fleet_edges, fleet_window
 from simpipe.inference.http.endpoints import emulate_node
 from simpipe.run.console import Console
-from simpipe.run.executor import SlurmExecutor
+from simpipe.run.executor import Executor
 from simpipe.run.simulation import RoundObserver, run_simulation
 from simpipe.servers.emulator_profiles import get_profile
 from simpipe.store.record import RunRecord
@@ -269,7 +269,7 @@ def run_fleet_case(case: FleetCase, workdir: Path,
     kill = KillReport() if case.kill_server_at is not None else None
     # The executor submits the server jobs, starts the worker jobs while they load, and
     # cancels both when the case ends.
-    with SlurmExecutor(config, say=log, name=f"bench-fleet-{port}") as executor:
+    with Executor(config, say=log, name=f"bench-fleet-{port}") as executor:
         servers, urls, client = executor.servers, executor.endpoints, executor.client
         if case.nodes > 1:
             pin_nodes(client, servers, case.workers)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 from simpipe.cluster.batch import BatchOptions, batch_script
 from simpipe.cluster.slurm import require_slurm
@@ -41,8 +40,7 @@ def write_batch_script(config: Config, opts: BatchOptions,
     ``opts.output``, by default ``<run>/logs/slurm/%x-%j.out`` or into
     ``cluster.log_directory``, a folder made here (SLURM does not make it, and the job
     would fail without it)."""
-    require_slurm(config.cluster, "simpipe sbatch")
-    cluster: Any = config.cluster  # a SlurmClusterConfig: require_slurm checked it
+    cluster = require_slurm(config.cluster, "simpipe sbatch")
     if opts.output is None:
         log_dir = Path(cluster.log_directory
                        or run_job_log_dir(config.run.output_dir, config.run.name)).absolute()

@@ -10,13 +10,13 @@ As in dask-jobqueue (``JobQueueCluster`` and its ``SLURMCluster``) and datatrove
 executors), the shared logic is one base class, ``Executor``: starting ``[cluster.servers]``
 (SLURM jobs, or emulator processes on this machine), waiting for them while the workers
 start, filling ``agents.<backend>.endpoints``, and tearing everything down in reverse order.
-A subclass overrides a few methods: ``connect`` (the Dask client: what each kind of cluster
-is), ``start_servers`` (a kind whose servers someone else started), ``prepare`` (the config
-as it runs there) and ``progress`` (told as things come up). The classes:
+What differs per ``cluster.kind`` is not a subclass: ``Executor`` itself runs any kind,
+connecting through the kind's plug-in (``simpipe.cluster.kinds.CLUSTER_KINDS``: its
+settings model and its ``Workers``, what starts and stops its workers, typed by its
+settings). A subclass overrides a few methods where a run executes somewhere else:
+``connect`` (the Dask client), ``start_servers`` (servers someone else started),
+``prepare`` (the config as it runs there) and ``progress`` (told as things come up):
 
-- ``LocalExecutor``, ``AddressExecutor``, ``SlurmExecutor``: ``cluster.kind`` ``local``,
-  ``address`` and ``slurm``, chosen by ``EXECUTORS``, the one place that maps a kind to its
-  class (its settings model is in ``simpipe.cluster.config.CLUSTER_KINDS``);
 - ``ClusterExecutor``: ``--cluster NAME``, a persistent cluster of ``simpipe cluster up``
   (its scheduler and its healthy servers; nothing is started);
 - ``BatchExecutor``: inside a ``simpipe sbatch`` job (the job's first step started the
@@ -25,13 +25,12 @@ as it runs there) and ``progress`` (told as things come up). The classes:
   servers replaced by emulated GPUs (``simpipe.run.emulate``);
 - ``OwnClientExecutor``: a caller's own client; nothing is started or stopped.
 
-The persistent cluster's manager process is a ``SlurmExecutor`` too
-(``simpipe.run.manager``). Lines for the user go to ``say`` (``print`` unless given).
+The persistent cluster's manager process is an ``Executor`` too (``simpipe.run.manager``).
+Lines for the user go to ``say`` (``print`` unless given).
 """
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
@@ -40,12 +39,14 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from simpipe.backends import BACKENDS
-from simpipe.cluster import dashboard_off, slurm
 from simpipe.cluster import servers as srv
-from simpipe.cluster.config import AddressClusterConfig, ClusterConfig, ServersConfig
+from simpipe.cluster import slurm
+from simpipe.cluster.config import AddressClusterConfig, ServersConfig, SlurmClusterConfig
+from simpipe.cluster.kinds import CLUSTER_KINDS
+from simpipe.cluster.plugin import Workers
 from simpipe.cluster.servers import ServerError
 from simpipe.cluster.state import StateError, read_section, read_state, run_target
-from simpipe.config import Config, ConfigError
+from simpipe.config import ClusterConfig, Config, ConfigError
 from simpipe.errors import SimpipeError
 from simpipe.run.emulate import SUFFIX, Site, emulate_config, probe_site
 
@@ -83,10 +84,13 @@ class Executor:
     ``agents.<backend>.endpoints``; left: whatever it started is stopped, in reverse order.
     ``run_config(other)`` points another run's config at the same cluster and servers.
 
-    ``name`` names the SLURM jobs it submits (default ``run-<run.name>-<pid>``)."""
+    ``name`` names the SLURM jobs it submits (default ``run-<run.name>-<pid>``). The
+    workers are those of ``cluster.kind``'s plug-in (``workers`` while entered)."""
 
     #: Whether the servers' URLs go into ``config``; not for a cluster that runs no run itself.
     fills_endpoints: ClassVar[bool] = True
+    #: The batch job name of the workers (a kind whose workers are jobs).
+    worker_job_name: str = "simpipe-worker"
 
     def __init__(self, config: Config, *, say: Say | None = None,
                  name: str | None = None) -> None:
@@ -95,6 +99,7 @@ class Executor:
         self.client: Client | None = None
         self.endpoints: list[str] = []
         self.servers: list[srv.Server] = []  # server jobs this executor submitted
+        self.workers: Workers[Any] | None = None  # the kind's executor, once connected
         self._stack: ExitStack | None = None
         self.config = self.prepare(config)
 
@@ -112,8 +117,12 @@ class Executor:
         return config
 
     def connect(self, stack: ExitStack) -> Client:
-        """A connected client; what it started goes on ``stack`` (closed on exit)."""
-        raise NotImplementedError(f"{type(self).__name__} does not say how to connect")
+        """A connected client; what it started goes on ``stack`` (closed on exit). Here:
+        the workers of ``cluster.kind``'s plug-in, given its settings typed."""
+        cluster = self.config.cluster
+        self.workers = CLUSTER_KINDS[cluster.kind].workers_for(
+            cluster, job_name=self.worker_job_name, progress=self.progress)
+        return self.workers.connect(stack)
 
     def start_servers(self, stack: ExitStack) -> WaitForServers:
         """``[cluster.servers]``, started for as long as this executor is entered (their
@@ -122,8 +131,9 @@ class Executor:
         servers = self.config.cluster.servers
         if not servers.plugin.starts_servers:
             return list
-        if type(self.config.cluster).server_jobs:
-            return self._server_jobs(stack)
+        cluster = self.config.cluster
+        if cluster.server_jobs:  # server jobs are SLURM jobs: they need its keys
+            return self._server_jobs(stack, slurm.require_slurm(cluster, "server jobs"))
         return self._local_emulators(stack, servers)
 
     def progress(self, **state: Any) -> None:
@@ -142,6 +152,11 @@ class Executor:
     def entered(self) -> bool:
         return self._stack is not None
 
+    def worker_jobs(self) -> list[str]:
+        """The batch job ids of the workers now (adaptive mode and lifetimes replace jobs);
+        none for a kind without jobs, or before ``connect``."""
+        return self.workers.worker_jobs() if self.workers is not None else []
+
     def __enter__(self) -> Executor:
         if self._stack is not None:
             raise ExecutorError(f"{type(self).__name__} is already entered: enter it once and "
@@ -159,7 +174,7 @@ class Executor:
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        stack, self._stack, self.client = self._stack, None, None
+        stack, self._stack, self.client, self.workers = self._stack, None, None, None
         if stack is not None:
             stack.close()
 
@@ -176,10 +191,9 @@ class Executor:
             config = config.with_endpoints(self.backend, self.endpoints)
         return config
 
-    def _server_jobs(self, stack: ExitStack) -> WaitForServers:
+    def _server_jobs(self, stack: ExitStack, cluster: SlurmClusterConfig) -> WaitForServers:
         """One SLURM job per server (or per emulator process); cancelled on exit."""
-        cluster: Any = self.config.cluster
-        log_dir = cluster.log_directory  # a kind with server jobs has one
+        log_dir = cluster.log_directory
         slurm.require_controller()
         stack.callback(lambda: slurm.cancel([s.job_id for s in self.servers]))
         self.servers = srv.launch(cluster, self.name, log_dir)
@@ -205,76 +219,10 @@ class Executor:
         return lambda: urls
 
 
-class LocalExecutor(Executor):
-    """``cluster.kind = "local"``: a LocalCluster of worker processes on this machine."""
-
-    def connect(self, stack: ExitStack) -> Client:
-        from distributed import Client, LocalCluster
-
-        from simpipe.cluster.ctrl_c import PRELOAD, workers_ignore_sigint
-
-        cfg: Any = self.config.cluster  # a LocalClusterConfig: EXECUTORS chose this class
-        # The terminal's Ctrl-C reaches the whole process group; only the client acts on it.
-        with workers_ignore_sigint():
-            cluster = stack.enter_context(LocalCluster(
-                n_workers=cfg.workers,
-                threads_per_worker=cfg.threads_per_worker,
-                processes=True,
-                memory_limit=cfg.memory_limit,
-                scheduler_kwargs=dashboard_off.scheduler_options(cfg.dashboard_address),
-                silence_logs=logging.ERROR,
-                preload=[PRELOAD],
-            ))
-            return stack.enter_context(Client(cluster))
-
-
-class AddressExecutor(Executor):
-    """``cluster.kind = "address"``: a scheduler that is already running."""
-
-    def connect(self, stack: ExitStack) -> Client:
-        from simpipe.cluster.connect import ClusterError, SimpipeClient
-
-        address = getattr(self.config.cluster, "address", None)
-        try:
-            client = SimpipeClient(address, timeout="20s")
-        except OSError as exc:
-            raise ClusterError(
-                f"cannot reach the Dask scheduler at cluster.address = {address!r} "
-                f"({exc}); start it (`dask scheduler`, `simpipe cluster up`) or fix the address"
-            ) from exc
-        return stack.enter_context(client)
-
-
-class SlurmExecutor(Executor):
-    """``cluster.kind = "slurm"``: a scheduler here and ``cluster.jobs`` SLURM worker jobs
-    (dask-jobqueue); the SLURMCluster is ``cluster`` while entered."""
-
-    #: The SLURM job name of the workers.
-    worker_job_name = "simpipe-worker"
-
-    def connect(self, stack: ExitStack) -> Client:
-        from distributed import Client
-
-        from simpipe.cluster.connect import slurm_cluster, start_workers
-
-        cfg: Any = self.config.cluster  # a SlurmClusterConfig: EXECUTORS chose this class
-        self.cluster = stack.enter_context(slurm_cluster(cfg, job_name=self.worker_job_name))
-        client = stack.enter_context(Client(self.cluster))
-        self.progress(scheduler=self.cluster.scheduler_address,
-                      dashboard=self.cluster.dashboard_link if cfg.dashboard_address else "")
-        start_workers(self.cluster, client, cfg)
-        self.progress(worker_jobs=self.worker_jobs())
-        return client
-
-    def worker_jobs(self) -> list[str]:
-        """The SLURM job ids of the workers now (adaptive mode and lifetimes replace jobs)."""
-        return sorted(str(job.job_id) for job in self.cluster.workers.values()
-                      if getattr(job, "job_id", None))
-
-
-class ClusterExecutor(AddressExecutor):
+class ClusterExecutor(Executor):
     """``--cluster NAME``: a persistent cluster from ``simpipe cluster up``, its scheduler
-    and its healthy servers; this executor starts and stops nothing."""
+    and its healthy servers (``cluster.kind = "address"``); this executor starts and stops
+    nothing."""
 
     def __init__(self, config: Config, cluster_name: str, *, emulate: bool = False,
                  say: Say | None = None) -> None:
@@ -322,7 +270,7 @@ class BatchExecutor(Executor):
 
         from simpipe.cluster.connect import SimpipeClient, dashboard_scheduler_options
 
-        cluster: Any = self.config.cluster  # a SlurmClusterConfig (prepare checked)
+        cluster = slurm.require_slurm(self.config.cluster, "simpipe sbatch")
         scheduler_file = (Path(self.config.run.output_dir).resolve() / ".simpipe-batch"
                           / "scheduler-{job_id}.json")
         scheduler_file.parent.mkdir(parents=True, exist_ok=True)
@@ -368,7 +316,7 @@ class EmulatedExecutor(Executor):
         say = say or _print
         config = emulated(config, place=cluster_name is None, say=say)
         self.inner = (ClusterExecutor(config, cluster_name, emulate=True, say=say) if cluster_name
-                      else EXECUTORS[config.cluster.kind](config, say=say))
+                      else Executor(config, say=say))
         super().__init__(self.inner.config, say=say, name=self.inner.name)
 
     def prepare(self, config: Config) -> Config:
@@ -417,14 +365,6 @@ class OwnClientExecutor(Executor):
         return list
 
 
-#: ``cluster.kind`` -> its executor: the one place that maps a kind to a class.
-EXECUTORS: dict[str, type[Executor]] = {
-    "local": LocalExecutor,
-    "address": AddressExecutor,
-    "slurm": SlurmExecutor,
-}
-
-
 def executor_for(config: Config, *, emulate: bool = False, cluster_name: str | None = None,
                  say: Say | None = None) -> Executor:
     """The executor of ``simpipe run CONFIG [--emulate] [--cluster NAME]``: ``--emulate``
@@ -433,16 +373,16 @@ def executor_for(config: Config, *, emulate: bool = False, cluster_name: str | N
         return EmulatedExecutor(config, cluster_name=cluster_name, say=say)
     if cluster_name:
         return ClusterExecutor(config, cluster_name, say=say)
-    return EXECUTORS[config.cluster.kind](config, say=say)
+    return Executor(config, say=say)
 
 
 @contextmanager
 def cluster_client(cluster: ClusterConfig, *, say: Say | None = None) -> Iterator[Client]:
-    """A client of a ``[cluster]`` section alone, through its kind's executor and without
+    """A client of a ``[cluster]`` section alone, through its kind's plug-in and without
     ``[cluster.servers]``: for work that uses no game agents (``simpipe population
     build``); what it started is stopped on exit."""
     cluster = cluster.model_copy(update={"servers": ServersConfig()})
-    with EXECUTORS[cluster.kind](Config(cluster=cluster), say=say) as executor:
+    with Executor(Config(cluster=cluster), say=say) as executor:
         yield executor.client
 
 

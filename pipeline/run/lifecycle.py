@@ -49,12 +49,12 @@ def up(config: Config, name: str, *, emulate: bool = False,
     held by a manager process that outlives this call) and wait until it is ready.
     ``emulate``: its servers are emulated GPUs (``--emulate``); ``on_progress`` is told each
     phase of its start."""
-    slurm.require_slurm(config.cluster, "simpipe cluster up")
+    cluster = slurm.require_slurm(config.cluster, "simpipe cluster up")
     notes: list[str] = []
     if emulate:
         config = emulated(config, say=notes.append)
-        slurm.require_slurm(config.cluster, "simpipe cluster up --emulate")  # no SLURM answered
-    cluster = config.cluster
+        # refused where no SLURM answered (--emulate then placed the cluster elsewhere)
+        cluster = slurm.require_slurm(config.cluster, "simpipe cluster up --emulate")
     if cluster.log_directory == str(run_job_log_dir(config.run.output_dir, config.run.name)):
         # A persistent cluster outlives any run: its jobs log to the cluster's own folder.
         cluster = cluster.model_copy(update={"log_directory": None})

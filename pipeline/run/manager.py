@@ -1,4 +1,4 @@
-"""The long-lived process behind ``simpipe cluster up``: a ``SlurmExecutor`` (its
+"""The long-lived process behind ``simpipe cluster up``: an ``Executor`` of the SLURM kind (its
 SLURMCluster's scheduler runs here, on the login node, as dask-jobqueue intends) that starts
 the workers and the servers, keeps the state file current, and on SIGTERM cancels every job
 it started.
@@ -23,12 +23,12 @@ from simpipe.cluster.process_identity import own_identity
 from simpipe.cluster.state import job_log_dir, read_section, update_state, worker_job_name
 from simpipe.config import Config
 from simpipe.errors import SimpipeError
-from simpipe.run.executor import SlurmExecutor
+from simpipe.run.executor import Executor
 
 REFRESH_S = 2.0
 
 
-class ManagerExecutor(SlurmExecutor):
+class ManagerExecutor(Executor):
     """The persistent cluster's executor: its jobs named after the cluster, and every step
     of its start written to the cluster's state file (``simpipe cluster up`` waits on it)."""
 
@@ -39,6 +39,7 @@ class ManagerExecutor(SlurmExecutor):
         self.cluster_name = name
         self.started = time.monotonic()
         self.workers_s = 0.0
+        self.scheduler = ""  # its SLURMCluster's address, told by the workers' progress
         super().__init__(Config(cluster=cfg), name=name,
                          say=lambda text: print(text, flush=True))
 
@@ -46,6 +47,7 @@ class ManagerExecutor(SlurmExecutor):
         return config  # serves any run: the back-end is checked when a run connects
 
     def progress(self, **state: Any) -> None:
+        self.scheduler = state.get("scheduler", self.scheduler)
         if "worker_jobs" in state:
             self.workers_s = time.monotonic() - self.started
         update_state(self.cluster_name, **state)
@@ -81,7 +83,7 @@ def serve(name: str) -> int:
                          worker_jobs=executor.worker_jobs(),
                          timings={"workers_ready_s": round(executor.workers_s, 2),
                                   "all_ready_s": round(time.monotonic() - executor.started, 2)})
-            print(f"cluster {name} ready: {executor.cluster.scheduler_address}", flush=True)
+            print(f"cluster {name} ready: {executor.scheduler}", flush=True)
             jobs_seen = executor.worker_jobs()
             while not stop.wait(REFRESH_S):
                 # Adaptive mode and worker lifetimes replace jobs; keep the ids current.
