@@ -8,26 +8,30 @@ files as their words and come back as members."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
 from simpipe.records import CorruptFile
+from simpipe.report.build import build_report
+from simpipe.run.console import Console
+from simpipe.run.simulation import RunCancelled, run_simulation
 from simpipe.store.experiment import CellRecord, ExperimentRecord, read_experiment, write_experiment
 from simpipe.store.layout import LAYOUT, RunPaths, layout_on_resume
 from simpipe.store.ledger import Ledger
 from simpipe.store.record import read_ledger
 from simpipe.store.round_record import MixSplit, RoundRecord, ValueSplit
 from simpipe.store.states import CellState, RunState
-from simpipe.ui.runs import list_runs
+from simpipe.ui.runs import RunFiles, list_runs, run_detail
 
-from support import one_error_line, simpipe_cli, small_config
+from support import cancel_after_first_round, one_error_line, simpipe_cli, small_config
 
 DATA = Path(__file__).parent / "data"
 PREVIOUS = DATA / "run_json_previous.json"  # layout 1: rounds from 0, no layout field
 LAYOUT_2 = DATA / "run_json_layout2_public_goods.json"  # game numbers beside the fields
+QUIET = Console(quiet=True)
+SMALL = {"size": 60, "partitions": 2}
 
 
 def write_run(folder: Path, data: dict) -> Path:
@@ -122,14 +126,44 @@ def test_a_run_json_of_layout_2_reads_its_game_numbers_from_beside_the_fields(tm
         read_ledger(write_run(tmp_path / "r", bad))
 
 
-def test_a_layout_2_run_json_shows_and_reports_like_a_new_one(tmp_path):
-    run = tmp_path / "old-public-goods"
-    run.mkdir()
-    shutil.copy(LAYOUT_2, run / "run.json")
+def as_layout_2(run_dir: Path) -> None:
+    """Turn a run into what layout 2 wrote: the game's numbers beside each round's fields."""
+    data = json.loads((run_dir / "run.json").read_text())
+    assert data["layout"] == LAYOUT
+    data["layout"] = 2
+    for rec in data["rounds"].values():
+        rec.update(rec.pop("game_numbers"))
+    (run_dir / "run.json").write_text(json.dumps(data))
+
+
+def test_a_layout_2_public_goods_run_shows_reports_and_resumes_into_this_layout(
+        tmp_path, dask_client):
+    game = {"kind": "public_goods", "rounds": 2}
+    whole = small_config(tmp_path, run={"name": "whole"}, game=game, population=SMALL)
+    run_simulation(whole, client=dask_client, console=QUIET)
+    config = small_config(tmp_path, run={"name": "old"}, game=game, population=SMALL)
+    cancel_after_first_round(config.run_dir)
+    with pytest.raises(RunCancelled):
+        run_simulation(config, client=dask_client, console=QUIET)
+    run = config.run_dir
+    as_layout_2(run)
+    first = read_ledger(run / "run.json").round(0)
+    assert set(first.game_numbers) == {"contribution_pct", "mean_payoff"}
     show = simpipe_cli("show", str(run))
-    # No summary.parquet was kept with the file: show reads run.json first, then says so.
-    assert "Traceback" not in show.stderr
-    assert "run old-public-goods: finished, 2/2 rounds, 300 agents" in show.stdout
+    assert show.returncode == 0, show.stderr
+    assert "--resume continues with round 2" in show.stdout
+    detail = run_detail(RunFiles.open(run.parent, run.name))
+    assert detail["problem"] is None and [r["round"] for r in detail["rounds"]] == [1]
+    build_report([run], tmp_path / "report")
+
+    run_simulation(config, client=dask_client, console=QUIET, resume=True)
+    on_disk = json.loads((run / "run.json").read_text())
+    assert on_disk["layout"] == LAYOUT and on_disk["state"] == "finished"
+    assert all("mean_payoff" not in rec and "mean_payoff" in rec["game_numbers"]
+               for rec in on_disk["rounds"].values())
+    resumed, reference = read_ledger(run / "run.json"), read_ledger(whole.run_dir / "run.json")
+    for r in range(2):
+        assert resumed.round(r).numbers == pytest.approx(reference.round(r).numbers)
 
 
 def test_a_resumed_run_is_saved_in_the_current_layout_unless_its_numbering_differs():
