@@ -25,9 +25,6 @@ from simpipe.cluster import slurm
 from simpipe.cluster.config import ServersConfig, SlurmClusterConfig, memory_mib
 from simpipe.errors import SimpipeError
 
-ENDED_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
-                "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
-
 
 class ServerError(SimpipeError, RuntimeError):
     """Servers could not be started or never became healthy; the message says why."""
@@ -198,11 +195,11 @@ def wait_healthy(servers: list[Server], cfg: ServersConfig, *,
         info = slurm.jobs([s.job_id for s in pending])
         for server in pending:
             job = info.get(server.job_id)
-            if job is None or job.state in ENDED_STATES:
+            if job is None or job.state in slurm.ENDED_JOB_STATES:
                 state = job.state if job else "ended"
                 raise ServerError(f"server {server.index} (SLURM job {server.job_id}) {state} "
                                   f"before it was healthy{_log_hint(log_dir, server)}")
-            if job.state != "RUNNING":
+            if job.state != slurm.SlurmJobState.RUNNING:
                 last[server.index] = f"job {job.state}"
                 continue
             if not server.address:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 from dataclasses import dataclass
+from enum import StrEnum
 
 from simpipe.cluster.config import ClusterSettings, SlurmClusterConfig
 from simpipe.errors import SimpipeError
@@ -110,11 +111,37 @@ def cancel(job_ids: list[str] | tuple[str, ...]) -> None:
                 raise
 
 
+class SlurmJobState(StrEnum):
+    """The SLURM job states simpipe acts on (squeue's ``%T`` words). SLURM has more
+    (COMPLETING, CONFIGURING, SUSPENDED, ...), so ``JobInfo.state`` keeps the word squeue
+    gave and is compared with these; a different state machine from a run's
+    (``simpipe.store.states``) or a persistent cluster's (``simpipe.cluster.state``)."""
+
+    PENDING = "PENDING"
+    RUNNING = "RUNNING"
+    COMPLETED = "COMPLETED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+    TIMEOUT = "TIMEOUT"
+    NODE_FAIL = "NODE_FAIL"
+    PREEMPTED = "PREEMPTED"
+    OUT_OF_MEMORY = "OUT_OF_MEMORY"
+    BOOT_FAIL = "BOOT_FAIL"
+    DEADLINE = "DEADLINE"
+
+
+#: The states of a job that will never run (again): its servers are gone.
+ENDED_JOB_STATES = frozenset({
+    SlurmJobState.COMPLETED, SlurmJobState.FAILED, SlurmJobState.CANCELLED,
+    SlurmJobState.TIMEOUT, SlurmJobState.NODE_FAIL, SlurmJobState.PREEMPTED,
+    SlurmJobState.OUT_OF_MEMORY, SlurmJobState.BOOT_FAIL, SlurmJobState.DEADLINE})
+
+
 @dataclass(frozen=True)
 class JobInfo:
     job_id: str
     name: str
-    state: str  # PENDING, RUNNING, COMPLETING, ...
+    state: str  # squeue's word: a SlurmJobState or another of SLURM's
     time_left: str
     nodes: str  # node list ("" while pending)
 

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import os
 import re
+from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import ValidationError
+from pydantic import Strict, ValidationError
 
 from simpipe.cluster.config import SlurmClusterConfig
 from simpipe.cluster.process_identity import is_process_id
@@ -103,10 +104,22 @@ class _Server(StrictRecord):
     healthy: bool | None = None
 
 
+class ClusterState(StrEnum):
+    """A persistent cluster's ``state`` in its state file, as its manager process moves it
+    along (``simpipe.run.manager``); written as its word."""
+
+    STARTING = "starting"  # the manager is starting the workers and servers
+    READY = "ready"  # runs may use it (``run --cluster NAME``)
+    STOPPING = "stopping"  # the manager got SIGTERM and is cancelling its jobs
+    FAILED = "failed"  # the start failed; ``error`` says why
+    UNKNOWN = "unknown"  # a state file without a state: never written by the manager
+
+
 class _ClusterState(StrictRecord):
     """The fields of a state file that commands and the web UI use, with their types."""
 
-    state: str = "unknown"
+    # By value: JSON holds the word, and strict validation would want the member itself.
+    state: Annotated[ClusterState, Strict(False)] = ClusterState.UNKNOWN
     scheduler: str | None = None
     dashboard: str | None = None
     manager_pid: ProcessId | None = None
@@ -183,8 +196,9 @@ def run_target(state: dict[str, Any], backend: str,
     a layer above this one), its healthy servers' URLs for ``agents.<backend>.endpoints``
     (empty otherwise)."""
     name = state.get("name", "?")
-    if state.get("state") != "ready":
-        raise StateError(f"cluster {name!r} is {state.get('state', 'unknown')!r}, not ready; "
+    if state.get("state") != ClusterState.READY:
+        raise StateError(f"cluster {name!r} is {state.get('state', ClusterState.UNKNOWN)!r}, "
+                         "not ready; "
                          f"see `simpipe cluster status {name}`")
     scheduler = state.get("scheduler")
     if not isinstance(scheduler, str) or not scheduler:

@@ -74,6 +74,8 @@ def first_error(exc: ValidationError) -> str:
     got = got if len(got) <= 40 else got[:37] + "..."
     if not where:  # a rule across fields (a model validator): its message says it all
         return str(err["msg"]).removeprefix("Value error, ")
+    if err["type"] == "extra_forbidden":  # a closed record: the key itself is the problem
+        return f"{where}: unknown key {str(err['loc'][-1])!r}, not one simpipe writes there"
     return f"{where}: {err['msg'].lower()} (found {got})"
 
 

@@ -103,16 +103,16 @@ def test_scripted_and_llm_agents_play_one_game_split_by_value(dask_client, tmp_p
     for _, part in rounds.groupby("round"):
         assert part["agent_id"].tolist() == list(range(600))
     for r in range(2):
-        split = ledger.round(r).value("by")
-        assert split["attribute"] == "model"
-        values = split["values"]
+        split = ledger.round(r).by
+        assert split.attribute == "model"
+        values = split.values
         assert list(values) == ["rules", "llm"]
-        assert {v: values[v]["n"] for v in values} == {"rules": 200, "llm": 400}
+        assert {v: values[v].n for v in values} == {"rules": 200, "llm": 400}
         this = rounds[rounds["round"] == r + 1]  # numbered from 1
         means = this.groupby(model[rounds["round"].to_numpy() == r + 1])["guess"].mean()
         for value in values:
-            assert values[value]["mean"] == pytest.approx(means[value], abs=1e-3)
-            assert values[value]["backend"] == {"rules": "scripted", "llm": "tgi"}[value]
+            assert values[value].mean == pytest.approx(means[value], abs=1e-3)
+            assert values[value].backend == {"rules": "scripted", "llm": "tgi"}[value]
     assert again.summary.equals(result.summary)  # resumed: nothing left to play
 
     llm_agent = int(np.flatnonzero(population["model"].astype(str) == "llm")[0])
@@ -127,7 +127,7 @@ def test_scripted_and_llm_agents_play_one_game_split_by_value(dask_client, tmp_p
     assert set(by_model["reaches_agents"]) == {"back-end"}
     assert sorted(set(by_model["level"])) == ["llm", "rules"]
     first = by_model[by_model["round"] == 1].set_index("level")["mean"]
-    assert first["rules"] == pytest.approx(ledger.round(0).value("by")["values"]["rules"]["mean"],
+    assert first["rules"] == pytest.approx(ledger.round(0).by.values["rules"].mean,
                                            abs=1e-3)
     runs = pd.read_csv(tmp_path / "report" / "tables" / "runs.csv")
     assert runs["backend"].iloc[0].startswith("by model: rules = scripted")
@@ -166,6 +166,6 @@ def test_the_example_mixes_scripted_and_embedded_llm_agents(tmp_path):
     assert (rounds.loc[model == "scripted", "tokens_in"] == 0).all()
     assert (rounds.loc[model != "scripted", "tokens_in"] > 0).all()
     assert proc.stdout.count("mean by model: scripted") == 2
-    split = read_ledger(run_dir).round(0).value("by")["values"]
-    assert {v: split[v]["n"] for v in split} == {"scripted": 4, "gemma-t1.0": 4,
+    split = read_ledger(run_dir).round(0).by.values
+    assert {v: split[v].n for v in split} == {"scripted": 4, "gemma-t1.0": 4,
                                                  "gemma-t0.3": 4}

@@ -20,7 +20,7 @@ from simpipe.run.agent_prompt import rebuild_prompt
 from simpipe.run.console import Console
 from simpipe.run.simulation import RunCancelled, run_simulation
 from simpipe.servers.stub import StubProcess
-from simpipe.store.layout import RunPaths
+from simpipe.store.layout import LAYOUT, RunPaths
 from simpipe.store.results import read_ledger, read_rounds, read_summary
 from simpipe.ui.runs import RunFiles, run_detail
 
@@ -40,7 +40,7 @@ def as_written_before(run_dir: Path) -> None:
     summary["round"] -= 1
     summary.to_parquet(run_dir / "summary.parquet", index=False)
     data = json.loads((run_dir / "run.json").read_text())
-    assert data.pop("layout") == 2
+    assert data.pop("layout") == LAYOUT
     data["rounds"] = {str(int(k) - 1): v for k, v in data["rounds"].items()}
     if data.get("progress"):
         data["progress"]["round"] -= 1
@@ -58,7 +58,7 @@ def test_a_run_numbers_its_rounds_from_one_on_disk_and_wherever_they_are_read(
     run = config.run_dir
     assert folders(run) == ["round=1", "round=2", "round=3"]
     on_disk = json.loads((run / "run.json").read_text())
-    assert on_disk["layout"] == 2 and list(on_disk["rounds"]) == ["1", "2", "3"]
+    assert on_disk["layout"] == LAYOUT and list(on_disk["rounds"]) == ["1", "2", "3"]
     assert pd.read_parquet(run / "summary.parquet")["round"].tolist() == [1, 2, 3]
     raw = pd.read_parquet(run / "rounds", columns=["agent_id", "round"])
     assert sorted(int(r) for r in raw["round"].unique()) == [1, 2, 3]

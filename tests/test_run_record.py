@@ -17,7 +17,9 @@ from simpipe.run.console import Console
 from simpipe.run.simulation import run_simulation
 from simpipe.store.layout import RunPaths
 from simpipe.store.ledger import Ledger
-from simpipe.store.record import RoundRecord, RunRecord, read_ledger
+from simpipe.store.record import RunRecord, read_ledger
+from simpipe.store.round_record import RoundRecord
+from simpipe.store.states import RunState
 
 from support import one_error_line, simpipe_cli, small_config
 
@@ -89,15 +91,15 @@ def test_the_writer_records_rounds_progress_endpoints_and_state(tmp_path):
     ledger = Ledger.new(paths, config)
     ledger.record_progress(0, 1, 4, 150, 0.5, force=True)
     assert read_ledger(paths.ledger).progress.partitions_done == 1
-    import numpy as np  # what a reduce hands over: numpy numbers become Python ones
+    import numpy as np  # a reduce's float64 is a float
 
-    rec = ledger.record_round(0, {"n": np.int64(600), "n_valid": 598, "mean": np.float64(31.5),
-                                  "elapsed_s": 1.25, "mean_payoff": 12.0})
+    rec = ledger.record_round(0, RoundRecord(n=600, n_valid=598, mean=np.float64(31.5),
+                                             elapsed_s=1.25, game_numbers={"mean_payoff": 12.0}))
     ledger.set_endpoints({"http://a": {"requests": 7, "errors": 0}})
     ledger.add_timing("wall_s", 2.0)
-    ledger.set_state("interrupted", pid=12345, host="h")
+    ledger.set_state(RunState.INTERRUPTED, pid=12345, host="h")
     back = read_ledger(paths.ledger)
-    assert back == ledger.record and isinstance(rec, RoundRecord)
+    assert back == ledger.record and isinstance(rec, RoundRecord) and rec.complete
     assert back.round(0).n == 600 and type(back.round(0).n) is int
     assert back.round(0).numbers == {"mean": 31.5, "mean_payoff": 12.0}
     assert back.progress is None and back.endpoints == {"http://a": {"requests": 7, "errors": 0}}

@@ -5,9 +5,8 @@ mix attribute by its own policy, and what each value's answers add up to
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -16,7 +15,8 @@ from simpipe.agents.base import Decisions, DecisionStats, Turn
 from simpipe.agents.registry import get_policy
 from simpipe.config import AgentsConfig
 from simpipe.games.registry import game_for
-from simpipe.population_mix import BY, groups, mix_attribute, resolve
+from simpipe.population_mix import groups, mix_attribute, resolve
+from simpipe.store.round_record import MixSplit, ValueSplit
 
 # --- playing a partition ---------------------------------------------------------------------
 
@@ -106,12 +106,12 @@ def partition_counts(agents: AgentsConfig, population_part: Path,
                                                               strict=True)}
 
 
-def round_split(agents: AgentsConfig, counts: list[dict[str, list[float]]]) -> dict[str, Any]:
+def round_split(agents: AgentsConfig, counts: list[dict[str, list[float]]]) -> MixSplit | None:
     """The round record's ``by``: the attribute and, per value in the config's order, the
-    agents, valid answers, their mean and tokens; empty without a mix."""
+    agents, valid answers, their mean and tokens; None without a mix."""
     attribute = mix_attribute(agents)
     if attribute is None:
-        return {}
+        return None
     totals = {value: np.zeros(len(COUNTS)) for value in agents.by[attribute]}
     for part in counts:
         for value, numbers in part.items():
@@ -119,24 +119,22 @@ def round_split(agents: AgentsConfig, counts: list[dict[str, list[float]]]) -> d
             totals[value] += np.asarray(numbers)
     split = {}
     for value, (n, n_valid, guess_sum, tokens_in, tokens_out) in totals.items():
-        split[value] = {"backend": resolve(agents, value).backend, "n": int(n),
-                        "n_valid": int(n_valid),
-                        "mean": round(guess_sum / n_valid, 4) if n_valid else None,
-                        "tokens_in": int(tokens_in), "tokens_out": int(tokens_out)}
-    return {BY: {"attribute": attribute, "values": split}}
+        split[value] = ValueSplit(backend=resolve(agents, value).backend, n=int(n),
+                                  n_valid=int(n_valid),
+                                  mean=round(float(guess_sum / n_valid), 4) if n_valid else None,
+                                  tokens_in=int(tokens_in), tokens_out=int(tokens_out))
+    return MixSplit(attribute=attribute, values=split)
 
 
-def round_text(record: Mapping[str, Any]) -> str:
+def round_text(split: MixSplit | None) -> str:
     """The round line's split: ``by model: scripted 40.1 (n 30), gemma 47.9 (n 30)``; ""
     without one."""
-    split = record.get(BY)
-    if not isinstance(split, dict):
+    if split is None:
         return ""
     parts = []
-    for value, numbers in split.get("values", {}).items():
-        mean = numbers.get("mean")
-        shown = f"{mean:.2f}" if mean is not None else "-"
-        invalid = numbers["n"] - numbers["n_valid"]
-        parts.append(f"{value} {shown} (n {numbers['n']:,}"
+    for value, numbers in split.values.items():
+        shown = f"{numbers.mean:.2f}" if numbers.mean is not None else "-"
+        invalid = numbers.n - numbers.n_valid
+        parts.append(f"{value} {shown} (n {numbers.n:,}"
                      + (f", invalid {invalid:,}" if invalid else "") + ")")
-    return f"\n  mean by {split.get('attribute')}: " + ", ".join(parts)
+    return f"\n  mean by {split.attribute}: " + ", ".join(parts)

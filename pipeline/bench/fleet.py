@@ -60,6 +60,7 @@ from simpipe.run.simulation import RoundObserver, run_simulation
 from simpipe.servers.emulator_profiles import get_profile
 from simpipe.store.record import RunRecord
 from simpipe.store.results import read_ledger
+from simpipe.store.round_record import RoundRecord
 from simpipe.tables import markdown_table
 
 DEFAULT_PORT = 19300
@@ -229,7 +230,7 @@ class FleetObserver(RoundObserver):
             self.on_first_round()
             self.on_first_round = None
 
-    def round_finished(self, round_index: int, record: dict) -> None:
+    def round_finished(self, round_index: int, record: RoundRecord) -> None:
         workers, client, rss = self._pipeline()
         servers = server_cpu_s(self.urls)
         w0, c0, s0 = self._start

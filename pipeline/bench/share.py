@@ -37,8 +37,8 @@ from simpipe.memory import PeakMemory
 from simpipe.run.console import Console
 from simpipe.run.simulation import run_simulation
 from simpipe.servers.llamacpp_server import LlamaCppProcess
-from simpipe.store.record import RoundRecord
 from simpipe.store.results import read_ledger, read_population
+from simpipe.store.round_record import RoundRecord
 from simpipe.tables import markdown_table
 
 FORMATS = {"agents": "{:,}", "distinct_prompts": "{:,}", "sharing_factor": "{:,.1f}",

@@ -133,6 +133,7 @@ def show(run_dir: str, agent_id: int | None, round_number: int) -> None:
     from simpipe.store.integrity import RESUME_REPAIRS
     from simpipe.store.layout import RunPaths
     from simpipe.store.results import read_ledger, read_summary
+    from simpipe.store.states import RunState
 
     paths = RunPaths(Path(run_dir))
     if not paths.ledger.exists() and not paths.ledger.is_symlink():
@@ -150,7 +151,8 @@ def show(run_dir: str, agent_id: int | None, round_number: int) -> None:
                   f", {ledger.answers_source} answers"))
     try:
         summary = read_summary(run_dir)
-        stopped = ledger.state not in ("finished", "running")  # what --resume is for
+        # what --resume is for
+        stopped = ledger.state not in (RunState.FINISHED, RunState.RUNNING)
         resume = ledger.resume_point(paths) if stopped else None
     except CorruptFile as exc:
         raise SimpipeError(f"{exc}; {RESUME_REPAIRS}") from None

@@ -43,6 +43,7 @@ from simpipe.report.stats import (
 )
 from simpipe.store.experiment import ExperimentRecord, read_experiment
 from simpipe.store.layout import RunPaths
+from simpipe.store.states import RunState
 
 #: The first round is where the conditions differ only by what the agents were told: later
 #: rounds also carry each cell's own history (the targets it announced). Numbered from 1.
@@ -88,7 +89,7 @@ def load_experiment_runs(folder: str | Path) -> ExperimentRuns:
         if not run.round_indices:
             notes.append(f"cell {cell.name}: {cell.state}, no completed round yet: left out")
             continue
-        if run.ledger.state != "finished":
+        if run.ledger.state != RunState.FINISHED:
             notes.append(f"cell {cell.name}: {run.ledger.state}, {len(run.round_indices)} of "
                          f"{run.ledger.rounds_total} rounds so far")
         runs.append(run)

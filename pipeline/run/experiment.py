@@ -62,6 +62,7 @@ from simpipe.store.experiment import (
 from simpipe.store.layout import RunPaths
 from simpipe.store.ledger import RunDirError
 from simpipe.store.record import read_ledger
+from simpipe.store.states import CellState, RunState
 
 MAX_ERROR_LINES = 20  # a bad value in a 64-cell grid is one problem, not 64 lines
 _TOKEN_CHARS = 40  # a value longer than this is named by a hash in the cell name
@@ -103,7 +104,7 @@ class CellResult:
     name: str
     overrides: dict[str, Any]
     run_dir: Path
-    state: str
+    state: CellState
     skipped: bool  # finished before this invocation
     wall_s: float | None = None
 
@@ -112,7 +113,7 @@ class CellResult:
 class ExperimentResult:
     folder: Path
     name: str
-    state: str
+    state: RunState
     cells: list[CellResult] = field(default_factory=list)
     wall_s: float = 0.0
 
@@ -377,7 +378,8 @@ def _canonical(value: Any) -> str:
 class _Plan:
     cell: Cell
     action: str  # skip, resume, start, replace
-    state: str  # what the folder holds now
+    # What the folder holds now: its run's state, or a cell not started (pending).
+    state: RunState | CellState
 
 
 def plan_cells(experiment: Experiment, force: bool = False) -> list[_Plan]:
@@ -393,13 +395,13 @@ def plan_cells(experiment: Experiment, force: bool = False) -> list[_Plan]:
     for cell in experiment.cells:
         ledger_path = RunPaths(cell.run_dir).ledger
         if not ledger_path.exists():
-            plans.append(_Plan(cell, "start", "pending"))
+            plans.append(_Plan(cell, "start", CellState.PENDING))
             continue
         try:
             record = read_ledger(ledger_path)
         except CorruptFile as exc:
             if force:
-                plans.append(_Plan(cell, "replace", "failed"))
+                plans.append(_Plan(cell, "replace", RunState.FAILED))
             else:
                 problems.append(f"cell {cell.name}: {exc}; pass --force to start it over")
             continue
@@ -420,7 +422,7 @@ def plan_cells(experiment: Experiment, force: bool = False) -> list[_Plan]:
                             f"{cell.config.resume_hint(record.config_hash)}; pass --force to "
                             "replace the cells, or set experiment.name to a new name")
         elif record.is_finished:
-            plans.append(_Plan(cell, "skip", "finished"))
+            plans.append(_Plan(cell, "skip", RunState.FINISHED))
         else:
             plans.append(_Plan(cell, "resume", record.state))
     if problems:
@@ -539,8 +541,9 @@ def run_experiment(experiment: Experiment, *, force: bool = False,
             with QuietTeardown() as quiet, executor, quiet.after_interrupt():
                 _run_cells(executor, state, console, experiment_cancel)
     except BaseException as exc:
-        if state.result.state == "running":  # between cells, or while the cluster started
-            state.stop("interrupted" if isinstance(exc, KeyboardInterrupt) else "failed")
+        if state.result.state == RunState.RUNNING:  # between cells, or while the cluster started
+            state.stop(RunState.INTERRUPTED if isinstance(exc, KeyboardInterrupt)
+                       else RunState.FAILED)
         raise
     return state.result
 
@@ -625,32 +628,32 @@ def _run_cells(executor: Executor, state: _State, console: Console, cancel: Path
             console.line(f"{where}: finished before, skipped")
             continue
         if cancel.exists():
-            state.stop("interrupted")
+            state.stop(RunState.INTERRUPTED)
             console.line(f"cancelled between cells ({cancel}); run the experiment again to go "
                          "on")
             raise ExperimentCancelled(str(state.experiment.folder))
-        state.set_cell(cell, "running")
+        state.set_cell(cell, CellState.RUNNING)
         t0 = time.perf_counter()
         try:
             result = run_simulation(cell.config, executor=executor, console=_CellConsole(
                 not console.quiet, cell.name), resume=plan.action == "resume",
                 force=plan.action == "replace")
         except (KeyboardInterrupt, RunCancelled):
-            state.set_cell(cell, "interrupted", wall_s=time.perf_counter() - t0)
-            state.stop("interrupted")
+            state.set_cell(cell, CellState.INTERRUPTED, wall_s=time.perf_counter() - t0)
+            state.stop(RunState.INTERRUPTED)
             console.line(f"{where}: interrupted; run the experiment again to resume it")
             raise
         except BaseException as exc:
-            state.set_cell(cell, "failed", wall_s=time.perf_counter() - t0,
+            state.set_cell(cell, CellState.FAILED, wall_s=time.perf_counter() - t0,
                            error=f"{type(exc).__name__}: {exc}"[:2000])
-            state.stop("failed")
+            state.stop(RunState.FAILED)
             console.line(f"{where}: failed ({type(exc).__name__}); its run.log has the details; "
                          "run the experiment again to resume it")
             raise
         wall = time.perf_counter() - t0
         measured.append(CellCost.of(cell.config, result.round_times, wall))
         left -= 1
-        state.set_cell(cell, "finished", wall_s=result.wall_s)
+        state.set_cell(cell, CellState.FINISHED, wall_s=result.wall_s)
         # Priced per agent-round of what is left, not per cell: cells differ in agents,
         # rounds and (a chain of thought) seconds per answer.
         eta, note = experiment_eta(measured, [(p.cell.config, _rounds_left(p))
@@ -712,14 +715,16 @@ class _State:
                 pass  # rewritten from the grid below
         self.record = ExperimentRecord(
             name=experiment.name, source=experiment.source, grid=experiment.grid,
-            state="running", created_at=created, updated_at=created,
+            state=RunState.RUNNING, created_at=created, updated_at=created,
             cells=[CellRecord(name=p.cell.name, overrides=p.cell.overrides,
-                              state="finished" if p.action == "skip" else "pending",
+                              state=CellState.FINISHED if p.action == "skip"
+                              else CellState.PENDING,
                               config_hash=p.cell.config.results_hash()) for p in plans])
         self.result = ExperimentResult(
-            experiment.folder, experiment.name, "running",
+            experiment.folder, experiment.name, RunState.RUNNING,
             [CellResult(p.cell.name, p.cell.overrides, p.cell.run_dir,
-                        "finished" if p.action == "skip" else "pending", p.action == "skip")
+                        CellState.FINISHED if p.action == "skip" else CellState.PENDING,
+                        p.action == "skip")
              for p in plans])
         self.started = time.perf_counter()
         self.save()
@@ -728,7 +733,7 @@ class _State:
         self.record = self.record.model_copy(update={"updated_at": _now()})
         write_experiment(self.experiment.folder, self.record)
 
-    def set_cell(self, cell: Cell, state: str, wall_s: float | None = None,
+    def set_cell(self, cell: Cell, state: CellState, wall_s: float | None = None,
                  error: str | None = None) -> None:
         cells = [c.model_copy(update={"state": state, "wall_s": wall_s, "error": error})
                  if c.name == cell.name else c for c in self.record.cells]
@@ -738,11 +743,11 @@ class _State:
                 item.state, item.wall_s = state, wall_s
         self.save()
 
-    def stop(self, state: str) -> None:
+    def stop(self, state: RunState) -> None:
         self.record = self.record.model_copy(update={"state": state})
         self.result.state = state
         self.result.wall_s = time.perf_counter() - self.started
         self.save()
 
     def finish(self) -> None:
-        self.stop("finished")
+        self.stop(RunState.FINISHED)

@@ -17,6 +17,7 @@ from simpipe.cluster import slurm
 from simpipe.cluster.config import SlurmClusterConfig
 from simpipe.cluster.process_identity import check_manager, signal_manager
 from simpipe.cluster.state import (
+    ClusterState,
     StateError,
     manager_log,
     read_section,
@@ -95,9 +96,9 @@ def _start_manager(cfg: SlurmClusterConfig, name: str,
             if phase != last:
                 on_progress(phase)
                 last = phase
-            if phase == "ready":
+            if phase == ClusterState.READY:
                 return state
-            if phase == "failed":
+            if phase == ClusterState.FAILED:
                 break
         time.sleep(0.3)
     else:

@@ -20,7 +20,13 @@ from typing import Any
 from simpipe.cluster import servers as srv
 from simpipe.cluster.config import SlurmClusterConfig
 from simpipe.cluster.process_identity import own_identity
-from simpipe.cluster.state import job_log_dir, read_section, update_state, worker_job_name
+from simpipe.cluster.state import (
+    ClusterState,
+    job_log_dir,
+    read_section,
+    update_state,
+    worker_job_name,
+)
 from simpipe.config import Config
 from simpipe.errors import SimpipeError
 from simpipe.run.executor import Executor
@@ -54,7 +60,7 @@ class ManagerExecutor(Executor):
 
 
 def _failed(name: str, exc: Exception) -> int:
-    update_state(name, state="failed", error=str(exc))
+    update_state(name, state=ClusterState.FAILED, error=str(exc))
     print(f"cluster {name} failed: {exc}", file=sys.stderr, flush=True)
     return 1
 
@@ -70,15 +76,16 @@ def serve(name: str) -> int:
         signal.signal(sig, lambda *_: stop.set())
     # Its identity (pid, host, start time, command line): `cluster down` signals this process
     # only if all of it still matches.
-    update_state(name, state="starting", **own_identity(), worker_job_name=worker_job_name(name),
-                 server_job_name=srv.job_name(name), log_dir=log_dir,
+    update_state(name, state=ClusterState.STARTING, **own_identity(),
+                 worker_job_name=worker_job_name(name), server_job_name=srv.job_name(name),
+                 log_dir=log_dir,
                  endpoint_backend=cfg.servers.endpoint_backend, started_at=time.time())
     if cfg.log_directory is None:
         cfg = cfg.model_copy(update={"log_directory": log_dir})
     try:
         # Leaving the executor cancels the worker jobs (the SLURMCluster) and the servers.
         with ManagerExecutor(name, cfg) as executor:
-            update_state(name, state="ready",
+            update_state(name, state=ClusterState.READY,
                          servers=[s.as_dict() for s in executor.servers],
                          worker_jobs=executor.worker_jobs(),
                          timings={"workers_ready_s": round(executor.workers_s, 2),
@@ -91,7 +98,7 @@ def serve(name: str) -> int:
                 if now != jobs_seen:
                     update_state(name, worker_jobs=now)
                     jobs_seen = now
-            update_state(name, state="stopping")
+            update_state(name, state=ClusterState.STOPPING)
     except (SimpipeError, OSError, TimeoutError) as exc:
         return _failed(name, exc)
     return 0

@@ -20,6 +20,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -56,6 +57,8 @@ from simpipe.store.layout import RunPaths, as_stored
 from simpipe.store.ledger import Ledger, RunDirError, answers_source, open_run_dir
 from simpipe.store.owner import this_process
 from simpipe.store.record import read_ledger
+from simpipe.store.round_record import MixSplit, RoundRecord
+from simpipe.store.states import RunState
 
 
 class RunCancelled(SimpipeError, RuntimeError):
@@ -74,7 +77,7 @@ class RoundObserver:
     def round_started(self, round_index: int) -> None:
         """Right before the round's tasks are submitted."""
 
-    def round_finished(self, round_index: int, record: dict) -> None:
+    def round_finished(self, round_index: int, record: RoundRecord) -> None:
         """Right after the round is reduced and recorded; ``record`` is its run.json entry."""
 
     def round_progress(self, snapshot: RoundSnapshot) -> None:
@@ -86,7 +89,7 @@ class RoundObserver:
 class RunResult:
     run_dir: Path
     summary: pd.DataFrame
-    state: str
+    state: RunState
     wall_s: float
     round_times: list[float] = field(default_factory=list)
 
@@ -159,20 +162,20 @@ def _run(executor: Executor, config: Config, resume: bool, force: bool, console:
         console.line(f"Watch it in the browser: simpipe ui --results {config.run.output_dir}")
         # The owner lets a watcher (simpipe ui) tell a live run from a dead one, and keeps a
         # second process out of this folder (simpipe.store.owner).
-        ledger.set_state("running", scheduler=dask_client.scheduler.address,
+        ledger.set_state(RunState.RUNNING, scheduler=dask_client.scheduler.address,
                          **this_process())
         result = _run_rounds(dask_client, config, paths, ledger, console, observer, watch)
         # emulated servers only: the real run, and what each planned round cost the fleet
         ledger.record_spent(record_spent(report_estimate(config, ledger, console)))
     except RunCancelled:
-        ledger.set_state("interrupted")
+        ledger.set_state(RunState.INTERRUPTED)
         console.line(f"cancelled; resume with: simpipe run CONFIG --resume  ({paths.root})")
         raise
     except KeyboardInterrupt:
-        ledger.set_state("interrupted")
+        ledger.set_state(RunState.INTERRUPTED)
         raise
     except BaseException as exc:
-        ledger.set_state("failed", error=f"{type(exc).__name__}: {exc}")
+        ledger.set_state(RunState.FAILED, error=f"{type(exc).__name__}: {exc}")
         raise
     finally:
         wall = time.perf_counter() - started
@@ -180,7 +183,7 @@ def _run(executor: Executor, config: Config, resume: bool, force: bool, console:
         ledger.add_timing("wall_s", wall)
         ledger.save()
         console.detach_log()
-    ledger.set_state("finished")
+    ledger.set_state(RunState.FINISHED)
     result.wall_s = wall
     return result
 
@@ -218,28 +221,28 @@ def _run_rounds(client: Client, config: Config, paths: RunPaths, ledger: Ledger,
         started_at = time.time()  # on the clock emulated servers' stats are aligned to
         meter = RoundMeter(watch, console, ledger, r, config.game.rounds,
                            [b - a for a, b in bounds], observer.round_progress)
-        outcomes, plan_numbers = _play_round(client, config, paths, meter, r, groups, bounds,
-                                             feedback, token, watch.topic)
+        outcomes, plan = _play_round(client, config, paths, meter, r, groups, bounds,
+                                     feedback, token, watch.topic)
         rows = game.reduce([o.partial for o in outcomes], r)
         summary = _with_round(summary, rows, r)
         write_parquet_atomic(as_stored(summary, paths.first_round), paths.summary)
         elapsed = time.perf_counter() - t_round
         round_times.append(elapsed)
-        record = {**_round_record(game, rows, outcomes, elapsed, started_at), **plan_numbers}
-        record.update(round_split(config.agents, [o.by_value for o in outcomes]))
-        ledger.record_round(r, record)
+        record = _round_record(game, rows, outcomes, elapsed, started_at, plan,
+                               round_split(config.agents, [o.by_value for o in outcomes]))
+        record = ledger.record_round(r, record)
         observer.round_finished(r, record)
         counters.update()
         console.line(_round_line(config, game, r, rows, record))
         problem = next((o.stats.problem for o in outcomes if o.stats.problem), None)
         if problem:
             console.line(f"  not shared: {problem}")
-    return RunResult(paths.root, summary, "finished", 0.0, round_times)
+    return RunResult(paths.root, summary, RunState.FINISHED, 0.0, round_times)
 
 
 def _play_round(client: Client, config: Config, paths: RunPaths, meter: RoundMeter, r: int,
                 groups: np.ndarray, bounds: list[tuple[int, int]], feedback: np.ndarray,
-                token: str, progress_topic: str) -> tuple[list[PartitionOutcome], dict]:
+                token: str, progress_topic: str) -> tuple[list[PartitionOutcome], _PlanNumbers]:
     feedback_future = _on_workers(client, feedback)
     jobs = [PartitionJob(config, str(paths.root), r, k, groups[a:b], progress_topic,
                          paths.first_round)
@@ -283,9 +286,8 @@ def _play_round(client: Client, config: Config, paths: RunPaths, meter: RoundMet
                 raise RunCancelled(str(paths.root))
     finally:
         meter.close()
-    numbers = ({"planned_prompts": plan.layout.planned, "plan_s": round(plan_s, 3),
-                "answer_methods": plan.layout.methods}
-               if plan is not None else {})
+    numbers = (_PlanNumbers(int(plan.layout.planned), round(plan_s, 3), plan.layout.methods)
+               if plan is not None else _PlanNumbers())
     return sorted(outcomes, key=lambda o: o.partition), numbers
 
 
@@ -463,47 +465,60 @@ def _with_round(summary: pd.DataFrame, rows: pd.DataFrame, r: int) -> pd.DataFra
     return merged.sort_values(["round", "group_id"], kind="stable").reset_index(drop=True)
 
 
+@dataclass(frozen=True)
+class _PlanNumbers:
+    """What the round plan did, for the round's record (nothing without a plan)."""
+
+    planned_prompts: int = 0
+    plan_s: float | None = None
+    answer_methods: dict[str, Any] | None = None
+
+
 def _round_record(game: Game, rows: pd.DataFrame, outcomes: list[PartitionOutcome],
-                  elapsed: float, started_at: float) -> dict:
+                  elapsed: float, started_at: float, plan: _PlanNumbers,
+                  split: MixSplit | None) -> RoundRecord:
+    """The round's run.json record, built as the typed model: a misspelled field fails
+    here, where it is written, not in a reader."""
     n = int(rows["n"].sum())
     played = [o for o in outcomes if not o.reused]
     prompt_ids = (np.unique(np.concatenate([o.stats.prompt_ids for o in played]))
                   if played else np.empty(0, np.uint64))
     distinct = int(prompt_ids.size)
     agents_played = sum(o.n_agents for o in played)
-    return {
-        "started_at": round(started_at, 3),
-        "n": n,
-        "n_valid": int(rows["n_valid"].sum()),
-        "n_unparsed": int(rows["n_unparsed"].sum()),
-        "n_out_of_range": int(rows["n_out_of_range"].sum()),
-        "n_error": int(rows["n_error"].sum()),
-        "n_truncated": int(rows["n_truncated"].sum()),
-        "n_no_final_answer": int(rows["n_no_final_answer"].sum()),
-        **game.round_numbers(rows),  # "mean", and the game's own headline numbers
-        "tokens_in": sum(o.tokens_in for o in outcomes),
-        "tokens_out": sum(o.tokens_out for o in outcomes),
-        "elapsed_s": round(elapsed, 3),
-        "agents_per_s": round(n / elapsed, 1) if elapsed > 0 else None,
-        "partitions_reused": sum(o.reused for o in outcomes),
-        # Answer sharing (counted over the partitions played in this invocation):
-        "distinct_prompts": distinct,
-        "sharing_factor": round(agents_played / distinct, 1) if distinct else None,
-        "model_calls": sum(o.stats.model_calls for o in played),
-        "shared_agents": sum(o.stats.shared_agents for o in outcomes),
-        "fallback_prompts": sum(o.stats.fallback_prompts for o in played),
-        "unseen_mass_max": max((o.stats.unseen_mass_max for o in played), default=0.0),
-        **_prompt_cost(played, distinct),
-    }
-
-
-def _prompt_cost(played: list[PartitionOutcome], distinct: int) -> dict:
-    """Prompt tokens the model evaluated in this round, and per distinct prompt (a prompt
-    evaluated on a cached common prefix costs only its own suffix)."""
+    numbers = dict(game.round_numbers(rows))
+    mean = numbers.pop("mean", None)
     evaluated = sum(o.stats.prompt_tokens for o in played)
-    return {"prompt_tokens_evaluated": evaluated,
-            "prompt_tokens_per_distinct_prompt": (round(evaluated / distinct, 1)
-                                                  if distinct else None)}
+    return RoundRecord(
+        started_at=round(started_at, 3),
+        n=n,
+        n_valid=int(rows["n_valid"].sum()),
+        n_unparsed=int(rows["n_unparsed"].sum()),
+        n_out_of_range=int(rows["n_out_of_range"].sum()),
+        n_error=int(rows["n_error"].sum()),
+        n_truncated=int(rows["n_truncated"].sum()),
+        n_no_final_answer=int(rows["n_no_final_answer"].sum()),
+        mean=mean,
+        game_numbers=numbers,  # the game's own headline numbers besides the mean
+        tokens_in=int(sum(o.tokens_in for o in outcomes)),
+        tokens_out=int(sum(o.tokens_out for o in outcomes)),
+        elapsed_s=round(elapsed, 3),
+        agents_per_s=round(n / elapsed, 1) if elapsed > 0 else None,
+        partitions_reused=sum(bool(o.reused) for o in outcomes),
+        # Answer sharing (counted over the partitions played in this invocation):
+        distinct_prompts=distinct,
+        sharing_factor=round(agents_played / distinct, 1) if distinct else None,
+        model_calls=int(sum(o.stats.model_calls for o in played)),
+        shared_agents=int(sum(o.stats.shared_agents for o in outcomes)),
+        fallback_prompts=int(sum(o.stats.fallback_prompts for o in played)),
+        unseen_mass_max=float(max((o.stats.unseen_mass_max for o in played), default=0.0)),
+        # A prompt evaluated on a cached common prefix costs only its own suffix.
+        prompt_tokens_evaluated=int(evaluated),
+        prompt_tokens_per_distinct_prompt=round(evaluated / distinct, 1) if distinct else None,
+        planned_prompts=plan.planned_prompts,
+        plan_s=plan.plan_s,
+        answer_methods=plan.answer_methods,
+        by=split,
+    )
 
 
 class _CounterWatch:
@@ -538,31 +553,32 @@ def _rate(value: float | None) -> str:
     return f"{value:,.0f}" if value >= 100 else f"{value:.2g}"
 
 
-def _cot_counts(record: dict) -> str:
+def _cot_counts(record: RoundRecord) -> str:
     """The answers cut at the token limit or without their marked final answer, where any."""
-    return "".join(f", {name} {record[key]}" for name, key in (
-        ("truncated", "n_truncated"), ("no final answer", "n_no_final_answer")) if record[key])
+    return "".join(f", {name} {count}" for name, count in (
+        ("truncated", record.n_truncated), ("no final answer", record.n_no_final_answer))
+        if count)
 
 
-def _round_line(config: Config, game: Game, r: int, rows: pd.DataFrame, record: dict) -> str:
-    stats = game.round_text(rows, record)
-    invalid = record["n"] - record["n_valid"]
+def _round_line(config: Config, game: Game, r: int, rows: pd.DataFrame,
+                record: RoundRecord) -> str:
+    stats = game.round_text(rows, record.numbers)
     line = (
-        f"round {r + 1}/{config.game.rounds}: {stats}  invalid {invalid} "
-        f"(unparsed {record['n_unparsed']}, out_of_range {record['n_out_of_range']}, "
-        f"error {record['n_error']}{_cot_counts(record)})  {record['elapsed_s']:.1f}s  "
-        f"{_rate(record['agents_per_s'])} agents/s  ({game.reference_text(r)})"
+        f"round {r + 1}/{config.game.rounds}: {stats}  invalid {record.n_invalid} "
+        f"(unparsed {record.n_unparsed}, out_of_range {record.n_out_of_range}, "
+        f"error {record.n_error}{_cot_counts(record)})  {record.elapsed_s or 0.0:.1f}s  "
+        f"{_rate(record.agents_per_s)} agents/s  ({game.reference_text(r)})"
         + ("  [synthetic answers: emulated servers, not a model]"
            if answers_source(config) == "synthetic" else "")
     )
-    if uses_llm(config.agents) and record["distinct_prompts"]:
+    if uses_llm(config.agents) and record.distinct_prompts:
         # A sharing factor only where answers were shared: identical prompts answered one
         # call each share nothing.
-        line += (f"\n  {record['distinct_prompts']:,} distinct prompts, "
-                 + (f"sharing factor {record['sharing_factor']:,.1f}, "
-                    if record["shared_agents"] else "answers not shared, ")
-                 + f"{record['model_calls']:,} model calls, "
-                 f"{record['shared_agents']:,} answers drawn from shared distributions")
-        if record["fallback_prompts"]:
-            line += f", {record['fallback_prompts']} prompts fell back to one call per agent"
-    return line + round_text(record)
+        line += (f"\n  {record.distinct_prompts:,} distinct prompts, "
+                 + (f"sharing factor {record.sharing_factor or 0.0:,.1f}, "
+                    if record.shared_agents else "answers not shared, ")
+                 + f"{record.model_calls:,} model calls, "
+                 f"{record.shared_agents:,} answers drawn from shared distributions")
+        if record.fallback_prompts:
+            line += f", {record.fallback_prompts} prompts fell back to one call per agent"
+    return line + round_text(record.by)

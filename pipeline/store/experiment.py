@@ -16,6 +16,7 @@ from pydantic import ConfigDict, Field
 
 from simpipe.files import write_json_atomic
 from simpipe.records import StrictRecord, read_json_model
+from simpipe.store.states import CellState, RunState, StoredCellState, StoredRunState
 
 EXPERIMENT_FILE = "experiment.json"
 # A thousand cells of a few hundred bytes each: anything much bigger is not ours.
@@ -31,7 +32,7 @@ class CellRecord(StrictRecord):
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
     overrides: dict[str, Any]
-    state: str = "pending"  # pending, running, finished, interrupted, failed
+    state: StoredCellState = CellState.PENDING
     config_hash: str | None = None
     wall_s: float | None = None
     error: str | None = None
@@ -46,7 +47,7 @@ class ExperimentRecord(StrictRecord):
     name: str
     source: str = ""  # the config file it was made from
     grid: dict[str, list[Any]]
-    state: str = "created"  # running, finished, interrupted, failed
+    state: StoredRunState = RunState.CREATED
     created_at: str | None = None
     updated_at: str | None = None
     cells: list[CellRecord] = []

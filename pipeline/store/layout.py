@@ -13,18 +13,29 @@ if TYPE_CHECKING:  # the CLI imports this module to name files: pandas is loaded
 
 PART_DIGITS = 5  # part-00003.parquet: lexical order is partition order
 
-#: run.json's ``layout``: how a run numbers its rounds on disk. 2: from 1, as the console,
-#: the prompts, the report and Nagel's periods count them (the folders ``round=1``,
-#: ``round=2``, ..., the ``round`` column of the rounds and of summary.parquet, run.json's
-#: round keys). 1 (a run.json without the field, written before): from 0. Code counts
-#: rounds from 0 (``round_index``); every reader gives a ``round`` column numbered from 1,
-#: whatever the run's layout (``numbered_from_one``).
-LAYOUT = 2
+#: run.json's ``layout``: how a run lays out its files. 1 (a run.json without the field,
+#: written first): rounds numbered from 0 on disk. 2: from 1, as the console, the prompts,
+#: the report and Nagel's periods count them (the folders ``round=1``, ``round=2``, ...,
+#: the ``round`` column of the rounds and of summary.parquet, run.json's round keys).
+#: 3: as 2, and a round record in run.json keeps the game's own numbers in its
+#: ``game_numbers`` instead of beside its fields (``simpipe.store.round_record``). Code
+#: counts rounds from 0 (``round_index``); every reader gives a ``round`` column numbered
+#: from 1, whatever the run's layout (``numbered_from_one``).
+LAYOUT = 3
+#: The first layout whose round records nest the game's numbers (``game_numbers``).
+GAME_NUMBERS_NESTED = 3
 
 
 def first_round(layout: int) -> int:
     """The number a run of this layout gives its first round on disk."""
     return 1 if layout >= 2 else 0
+
+
+def layout_on_resume(layout: int) -> int:
+    """The layout a resumed run of ``layout`` is saved in: the current one where that keeps
+    its round numbering (the ledger rewrites every round record in the current form), its
+    own otherwise (a run numbered from 0 goes on so)."""
+    return LAYOUT if first_round(layout) == first_round(LAYOUT) else layout
 
 
 def part_name(partition: int) -> str:

@@ -21,9 +21,11 @@ from simpipe.files import write_json_atomic
 from simpipe.games.validity import MODEL, RULE_BASED, SYNTHETIC
 from simpipe.population_mix import llm_groups
 from simpipe.records import CorruptFile, StrictRecord, read_json_record
-from simpipe.store.layout import LAYOUT, RunPaths, is_run_entry
+from simpipe.store.layout import LAYOUT, RunPaths, is_run_entry, layout_on_resume
 from simpipe.store.owner import owner_problem, this_process
-from simpipe.store.record import MAX_LEDGER_BYTES, Progress, RoundRecord, RunRecord, read_ledger
+from simpipe.store.record import MAX_LEDGER_BYTES, Progress, RunRecord, read_ledger
+from simpipe.store.round_record import RoundRecord
+from simpipe.store.states import RunState
 
 
 class RunDirError(SimpipeError, ValueError):
@@ -84,7 +86,7 @@ class Ledger:
             "population_hash": config.population_hash(),
             "config": config.model_dump(mode="json"),
             "versions": package_versions(),
-            "state": "created",
+            "state": RunState.CREATED,
             "created_at": now,
             "updated_at": now,
             "rounds_total": config.game.rounds,
@@ -105,7 +107,7 @@ class Ledger:
 
     # --- state -----------------------------------------------------------------------------
 
-    def set_state(self, state: str, **extra: Any) -> None:
+    def set_state(self, state: RunState, **extra: Any) -> None:
         """``extra``: other fields of the record (``error``, ``pid``, ``host``, ...)."""
         self._update(state=state, **extra)
         self.save()
@@ -133,11 +135,10 @@ class Ledger:
             self._last_progress_save = now
             self.save()
 
-    def record_round(self, round_index: int, record: dict[str, Any]) -> RoundRecord:
-        """A finished round's numbers (``record``: the fields of ``RoundRecord`` and the
-        game's own numbers); lax, so numpy numbers become Python ones. ``round_index`` from
-        0; the key is the round's number as the run numbers it (``RunRecord.round_key``)."""
-        finished = RoundRecord.model_validate({**record, "complete": True}, strict=False)
+    def record_round(self, round_index: int, record: RoundRecord) -> RoundRecord:
+        """A finished round's record, saved as complete. ``round_index`` from 0; the key is
+        the round's number as the run numbers it (``RunRecord.round_key``)."""
+        finished = record.model_copy(update={"complete": True})
         self._update(rounds={**self.record.rounds, self.record.round_key(round_index): finished},
                      progress=None)
         self.save()
@@ -217,8 +218,10 @@ def open_run_dir(paths: RunPaths, config: Config, *, resume: bool, force: bool) 
             f"{root} already holds this run ({record.state}, {record.rounds_done}/"
             f"{config.game.rounds} rounds); pass --resume to continue it or --force to start over"
         )
-    # A run begun before rounds were numbered from 1 goes on numbering them as it did.
-    return Ledger(record.run_paths(root), record)
+    # A run begun before rounds were numbered from 1 goes on numbering them as it did; one
+    # of a later layout is saved in the current one (its round records are rewritten so).
+    record = record.model_copy(update={"layout": layout_on_resume(record.layout)})
+    return Ledger(record.run_paths(root), record.at(paths.ledger))
 
 
 def _refuse_live_owner(paths: RunPaths, *, resume: bool, force: bool) -> None:

@@ -20,9 +20,7 @@ from typing import Any
 from simpipe.cluster.process_identity import read_identity
 from simpipe.cluster.state import pid_alive
 from simpipe.store.record import RunRecord
-
-#: The states of a run some process may still be playing.
-LIVE_STATES = ("created", "running")
+from simpipe.store.states import LIVE_STATES
 
 
 def this_process() -> dict[str, Any]:

@@ -10,7 +10,10 @@ most ``MAX_LEDGER_BYTES`` (``simpipe.store.integrity.read_bounded``), every fiel
 type simpipe writes, and the counts have plausible bounds (those of ``[population]``), so
 nothing sized from a count in the file is allocated before the run's actual files are
 checked. Files written by earlier versions read too: fields they lack take their defaults,
-fields this version does not know are kept as they are.
+fields this version does not know at the top of the file are kept as they are, and the
+game numbers that layout 2 and earlier wrote beside a round's fields are moved into its
+``game_numbers`` (``simpipe.store.round_record``). A round record itself is closed: a key in
+it that simpipe never writes is a CorruptFile naming the file and the key.
 """
 
 from __future__ import annotations
@@ -33,7 +36,9 @@ from simpipe.records import (
     read_json_model,
 )
 from simpipe.store.integrity import AgentRange
-from simpipe.store.layout import RunPaths, first_round
+from simpipe.store.layout import GAME_NUMBERS_NESTED, RunPaths, first_round
+from simpipe.store.round_record import RoundRecord, lift_flat_game_numbers
+from simpipe.store.states import RunState, StoredRunState
 
 # run.json holds a few hundred bytes per round and endpoint; anything this big is not ours.
 MAX_LEDGER_BYTES = 16 * 2**20
@@ -50,56 +55,6 @@ class _Record(StrictRecord):
     """Frozen: a record read back is a fact about the files; only the writer replaces it."""
 
     model_config = ConfigDict(strict=True, extra="allow", frozen=True)
-
-
-class RoundRecord(_Record):
-    """One finished round's headline numbers (a game adds its own, e.g. ``mean_payoff``:
-    ``numbers``)."""
-
-    complete: bool = False
-    started_at: float | None = None  # Unix time, the clock emulated servers' stats use
-    n: NonNegative = 0
-    n_valid: NonNegative = 0
-    n_unparsed: NonNegative = 0
-    n_out_of_range: NonNegative = 0
-    n_error: NonNegative = 0
-    n_truncated: NonNegative = 0  # cut at the token limit (0 in files before the status)
-    n_no_final_answer: NonNegative = 0  # a chain of thought without its marked answer
-    mean: float | None = None
-    tokens_in: NonNegative = 0
-    tokens_out: NonNegative = 0
-    elapsed_s: float | None = None
-    agents_per_s: float | None = None
-    partitions_reused: NonNegative = 0
-    distinct_prompts: NonNegative = 0
-    sharing_factor: float | None = None
-    model_calls: NonNegative = 0
-    shared_agents: NonNegative = 0
-    fallback_prompts: NonNegative = 0
-    unseen_mass_max: float = 0.0
-    prompt_tokens_evaluated: NonNegative = 0  # a cached common prefix is not evaluated again
-    prompt_tokens_per_distinct_prompt: float | None = None
-    planned_prompts: NonNegative = 0  # distributions the round plan computed (round_plan)
-    plan_s: float | None = None  # the plan's wall time (its stages 1 and 2)
-    # How the plan answered the round's distinct prompts: per method its prompts and agents,
-    # and where priced the predicted and (emulated fleets) spent GPU seconds
-    # (``simpipe.answers.planner.methods_record``)
-    answer_methods: dict[str, Any] | None = None
-
-    @property
-    def n_invalid(self) -> int:
-        return self.n - self.n_valid
-
-    @property
-    def numbers(self) -> dict[str, Any]:
-        """The game's headline numbers (``Game.round_numbers``): ``mean`` and its own."""
-        return {"mean": self.mean, **(self.model_extra or {})}
-
-    def value(self, name: str) -> Any:
-        """A field or one of the game's numbers by name (None if the round has none)."""
-        if name in type(self).model_fields:
-            return getattr(self, name)
-        return (self.model_extra or {}).get(name)
 
 
 class Progress(_Record):
@@ -164,7 +119,7 @@ class RunRecord(_Record):
     # How the run numbers its rounds on disk (simpipe.store.layout.LAYOUT); a file without
     # it was written before rounds were numbered from 1.
     layout: Annotated[int, Field(ge=1)] = 1
-    state: str = "unknown"
+    state: StoredRunState = RunState.UNKNOWN
     # Where the answers come from (simpipe.games.validity.ANSWER_SOURCES): "model",
     # "synthetic" (emulated or stub servers) or "rule-based" (scripted agents); a file
     # without it reads as "model".
@@ -193,6 +148,18 @@ class RunRecord(_Record):
 
     # The file it was read from, named by every error about it (None: not read from disk).
     _path: Path | None = PrivateAttr(default=None)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _previous_layouts(cls, data: Any) -> Any:
+        """A file of a layout before game numbers were nested: its rounds as this version
+        writes them (``lift_flat_game_numbers``)."""
+        if not isinstance(data, dict):
+            return data
+        layout = data.get("layout", 1)
+        if isinstance(layout, int) and layout < GAME_NUMBERS_NESTED and "rounds" in data:
+            return {**data, "rounds": lift_flat_game_numbers(data["rounds"])}
+        return data
 
     @model_validator(mode="after")
     def _partitions_fit(self) -> RunRecord:
@@ -262,7 +229,7 @@ class RunRecord(_Record):
 
     @property
     def is_finished(self) -> bool:
-        return self.state == "finished"
+        return self.state == RunState.FINISHED
 
     def totals(self) -> Totals:
         """Answers by status and tokens over the finished rounds."""
@@ -335,7 +302,8 @@ class RunRecord(_Record):
         return float(self.timings.get(name, 0.0))
 
     def to_json(self) -> dict[str, Any]:
-        """What ``run.json`` holds (the writer's form; extra fields kept)."""
+        """What ``run.json`` holds (the writer's form; extra fields kept; a state is a
+        ``StrEnum``, so JSON holds its word)."""
         return self.model_dump()
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from simpipe.cluster import slurm
 from simpipe.cluster.state import (
+    ClusterState,
     StateError,
     check_name,
     clusters_dir,
@@ -25,6 +26,7 @@ from simpipe.cluster.state import (
 )
 from simpipe.records import CorruptFile
 from simpipe.run import lifecycle
+from simpipe.ui.runs import BROKEN
 from simpipe.ui.security import OutsideRoot, UnsafeName, contained, http_url, safe_child
 
 STATUS_TTL_S = 3.0
@@ -66,7 +68,7 @@ def _problem(path: Path, exc: Exception) -> str:
 def _row(name: str, state: dict[str, Any]) -> dict[str, Any]:
     return {
         "name": name,
-        "state": state.get("state", "unknown"),
+        "state": state.get("state", ClusterState.UNKNOWN),
         "scheduler": state.get("scheduler"),
         "dashboard": state.get("dashboard") or None,
         "dashboard_url": http_url(state.get("dashboard")),  # the only value put in a link
@@ -89,7 +91,7 @@ def list_clusters() -> list[dict[str, Any]]:
         try:
             out.append(_row(path.stem, _read(path)))
         except (CorruptFile, OutsideRoot) as exc:
-            out.append({**_row(path.stem, {}), "state": "broken",
+            out.append({**_row(path.stem, {}), "state": BROKEN,
                         "problem": _problem(path, exc)})
     return out
 
@@ -115,7 +117,7 @@ def cluster_status(name: str) -> dict[str, Any]:
             state = _read(path)
         except (CorruptFile, OutsideRoot) as exc:
             # Never handed to lifecycle: it would trust the types (a string pid, a list).
-            return {"name": name, "state": "broken", "workers": [], "servers": [], "jobs": [],
+            return {"name": name, "state": BROKEN, "workers": [], "servers": [], "jobs": [],
                     "problem": _problem(path, exc), "dashboard": None, "dashboard_url": None,
                     "error": None, "worker_jobs": []}
         try:

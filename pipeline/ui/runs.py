@@ -33,13 +33,16 @@ from simpipe.records import CorruptFile
 from simpipe.store.integrity import RESUME_REPAIRS, read_part, read_summary
 from simpipe.store.layout import RunPaths
 from simpipe.store.record import RunRecord, read_ledger
+from simpipe.store.states import ENDED_STATES, LIVE_STATES, RunState
 from simpipe.ui.security import OutsideRoot, UnsafeName, contained, safe_child
 
 # A "running" ledger that nothing has touched for this long belongs to a process that died
 # (killed, node lost). Only a fallback: a ledger that names its pid and host is checked exactly.
 STALE_AFTER_S = float(os.environ.get("SIMPIPE_UI_STALE_S", "900"))
 HIST_BINS = 20
-DELETABLE = {"finished", "failed", "interrupted"}
+# The runs-list state of a run whose run.json cannot be read: the page's word, not a state
+# any run is ever in (so not a RunState).
+BROKEN = "broken"
 
 
 class RunNotFound(LookupError):
@@ -115,21 +118,21 @@ def _last_activity(paths: RunPaths, ledger: RunRecord) -> float:
 
 
 def effective_state(paths: RunPaths, ledger: RunRecord,
-                    now: float | None = None) -> tuple[str, str | None]:
+                    now: float | None = None) -> tuple[RunState, str | None]:
     """(state to show, why it differs from the ledger's). A process that died leaves
     ``running`` in its ledger forever; that run is shown as interrupted (resumable)."""
     state = ledger.state
-    if state not in ("running", "created"):
+    if state not in LIVE_STATES:
         return state, None
     pid, host = ledger.pid, ledger.host
     if pid is not None and host == socket.gethostname():
         if not pid_alive(pid):
-            return "interrupted", f"its process {pid} is gone"
+            return RunState.INTERRUPTED, f"its process {pid} is gone"
         return state, None
     now = time.time() if now is None else now
     idle = now - _last_activity(paths, ledger)
     if idle > STALE_AFTER_S:
-        return "interrupted", f"no sign of life for {idle / 60:.0f} min"
+        return RunState.INTERRUPTED, f"no sign of life for {idle / 60:.0f} min"
     return state, None
 
 
@@ -145,7 +148,7 @@ def _num(value: Any) -> float | None:
 
 def _progress(ledger: RunRecord, state: str) -> dict[str, Any] | None:
     """The live round's progress, for a run that is running; its ``round`` numbered from 1."""
-    if state != "running" or ledger.progress is None or ledger.progress_round is None:
+    if state != RunState.RUNNING or ledger.progress is None or ledger.progress_round is None:
         return None
     return {**ledger.progress.model_dump(), "round": ledger.progress_round + 1}
 
@@ -155,7 +158,7 @@ def run_row(files: RunFiles, ledger: RunRecord) -> dict[str, Any]:
     state, why = effective_state(files.paths, ledger)
     totals = ledger.totals()
     wall = _num(ledger.wall_s)
-    if state == "running":
+    if state == RunState.RUNNING:
         created = _parse_time(ledger.created_at)
         wall = time.time() - created if created else wall
     try:
@@ -188,7 +191,7 @@ def run_row(files: RunFiles, ledger: RunRecord) -> dict[str, Any]:
 def broken_row(name: str, problem: str) -> dict[str, Any]:
     """The runs-list line of a run whose run.json cannot be used: the same keys, no numbers."""
     return {
-        "name": name, "config_hash": None, "state": "broken", "ledger_state": None,
+        "name": name, "config_hash": None, "state": BROKEN, "ledger_state": None,
         "state_note": None, "backend": None, "answers_source": None, "rounds_done": 0,
         "rounds_total": None,
         "n_agents": None, "counts": {"ok": 0, "unparsed": 0, "out_of_range": 0, "error": 0,
@@ -229,7 +232,7 @@ def list_runs(results_root: Path) -> list[dict[str, Any]]:
         except (CorruptFile, OutsideRoot) as exc:
             rows.append(broken_row(child.name, _problem(child, exc)))
     # Live runs first, then the newest.
-    rows.sort(key=lambda r: (r["state"] != "running", -(_parse_time(r["updated_at"]) or 0)))
+    rows.sort(key=lambda r: (r["state"] != RunState.RUNNING, -(_parse_time(r["updated_at"]) or 0)))
     return rows
 
 
@@ -393,7 +396,7 @@ def cancel_run(files: RunFiles) -> dict[str, Any]:
     """Ask the run to stop at its next clean point; it stays resumable."""
     ledger = _ledger_for_action(files)
     state, _ = effective_state(files.paths, ledger)
-    if state not in ("running", "created"):
+    if state not in LIVE_STATES:
         raise ActionRefused(f"run {files.root.name} is {state}, not running")
     files.paths.cancel_flag.touch()
     return {"name": files.root.name, "cancel_requested": True}
@@ -405,7 +408,7 @@ def delete_run(files: RunFiles, confirm: str | None) -> dict[str, Any]:
         raise ActionRefused("type the run's name to confirm deleting it")
     ledger = _ledger_for_action(files)
     state, _ = effective_state(files.paths, ledger)
-    if state not in DELETABLE:
+    if state not in ENDED_STATES:
         raise ActionRefused(f"run {files.root.name} is {state}; only finished, failed or "
                             "interrupted runs can be deleted")
     shutil.rmtree(files.root)

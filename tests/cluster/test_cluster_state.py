@@ -63,6 +63,7 @@ def test_a_damaged_section_is_an_error_naming_the_file(
     ('["ready"]', "a JSON array, expected an object"),
     ('{"state": "ready", "manager_pid": "12"}', "manager_pid: input should be a valid integer"),
     ('{"state": "ready", "servers": [{"url": "http://x"}]}', "servers.0.index: field required"),
+    ('{"state": "up"}', "state: input should be 'starting', 'ready'"),  # not a ClusterState
 ])
 def test_a_damaged_state_file_is_an_error_naming_the_file_and_the_field(
         simpipe_home: Path, content: str, problem: str) -> None:

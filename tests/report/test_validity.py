@@ -29,6 +29,7 @@ from simpipe.run.experiment import _first_round, experiment_from_dict, run_exper
 from simpipe.run.simulation import _round_line, run_simulation
 from simpipe.store.ledger import answers_source
 from simpipe.store.record import read_ledger
+from simpipe.store.round_record import RoundRecord
 from simpipe.ui.runs import RunFiles, run_detail
 
 from support import small_config
@@ -260,11 +261,9 @@ def test_the_round_line_says_synthetic_and_no_sharing_factor_where_nothing_was_s
         "cluster": {"kind": "local", "servers": {"kind": "emulated"}}})
     summary = pd.read_parquet(run_dir / "summary.parquet")
     rows = summary[summary["round"] == summary["round"].min()]
-    record = {"n": 20000, "n_valid": 20000, "n_unparsed": 0, "n_out_of_range": 0,
-              "n_error": 0, "n_truncated": 0, "n_no_final_answer": 0, "mean": 50.37,
-              "elapsed_s": 1.0, "agents_per_s": 20000.0, "distinct_prompts": 1,
-              "sharing_factor": 20000.0, "model_calls": 20000, "shared_agents": 0,
-              "fallback_prompts": 0}
+    record = RoundRecord(n=20000, n_valid=20000, mean=50.37, elapsed_s=1.0,
+                         agents_per_s=20000.0, distinct_prompts=1, sharing_factor=20000.0,
+                         model_calls=20000, shared_agents=0, fallback_prompts=0)
     line = _round_line(config, game_for(config.game), 0, rows, record)
     assert "synthetic answers" in line
     assert "sharing factor" not in line and "answers not shared" in line
