@@ -43,9 +43,11 @@ from simpipe.games.text import PromptTexts, fmt_number
 
 @dataclass(frozen=True)
 class Turn:
-    """What a partition's agents know when they decide."""
+    """What a partition's agents know when they decide. It crosses to the Dask workers with
+    the round's task, so everything in it pickles (a ``Game`` is its ``[game]`` table)."""
 
-    game: AnyGameConfig
+    # The game, built: its rules, answer and words, without a registry look-up per use.
+    game: Game
     seed: int
     round_index: int
     partition: int
@@ -66,6 +68,11 @@ class Turn:
     # ``planned`` is then answered by calls (the plan found them cheaper, or its distribution
     # could not be pinned down), never by a distribution of this partition's own.
     plan_decides: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.game, Game):  # a [game] table where the built game belongs
+            raise TypeError(f"Turn.game must be a Game (registry.game_for(table)), "
+                            f"got {type(self.game).__name__}")
 
     def rng(self, stream: int) -> np.random.Generator:
         """A generator that depends only on (seed, stream, round, partition)."""
@@ -170,6 +177,16 @@ class Game(abc.ABC):
 
     def __init__(self, config: AnyGameConfig) -> None:
         self.config = config
+
+    # A game is its table: two built from equal tables are equal, so a game unpickled on a
+    # worker (``Turn.game``) finds what the process cached for that table before.
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Game):
+            return NotImplemented
+        return type(self) is type(other) and self.config == other.config
+
+    def __hash__(self) -> int:
+        return hash((type(self), self.config))
 
     # === the rules: what every game must say ============================================
 

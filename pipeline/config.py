@@ -8,6 +8,7 @@ what is allowed.
 
 from __future__ import annotations
 
+import copy
 import datetime
 import hashlib
 import json
@@ -17,8 +18,9 @@ import reprlib
 import stat
 import sys
 import tomllib
+import types
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar, get_args, get_origin
+from typing import Annotated, Any, Literal, TypeVar, Union, get_args, get_origin
 
 from pydantic import (
     AfterValidator,
@@ -48,8 +50,10 @@ from simpipe.backends import (
     llm_backends,
 )
 from simpipe.cluster.config import LocalClusterConfig
+from simpipe.cluster.kinds import DEFAULT_KIND as CLUSTER_DEFAULT_KIND
 from simpipe.cluster.kinds import KIND_ERROR, settings_union
 from simpipe.errors import SimpipeError
+from simpipe.games.config import DEFAULT_KIND as GAME_DEFAULT_KIND
 from simpipe.games.config import AnyGameConfig, BeautyContestConfig, GameConfig
 from simpipe.games.registry import game_for
 from simpipe.inference.settings import CostSettings, SamplingSettings
@@ -126,8 +130,9 @@ class ExperimentSection(_Section):
     grid: dict[str, list[Any]] = Field(description=(
         "config key -> the values it takes, e.g. `{ \"game.prompt\" = [\"basic\", "
         "\"cot\"], \"game.ratio\" = [\"1/2\", \"2/3\"] }`; any key but `run.name`, "
-        "`run.output_dir`, `cluster.*`. A value that is a table sets each of its keys "
-        "under the grid key (`\"game\" = [{ ratio = \"1/2\", offset = 5 }, ...]`: keys "
+        "`run.output_dir`, `cluster.*`. Each value is set as `--set` sets it (see the top of "
+        "this page): a value that is a table sets each of its keys under the grid key and "
+        "keeps the others (`\"game\" = [{ ratio = \"1/2\", offset = 5 }, ...]`: keys "
         f"that vary together). At most {MAX_CELLS} cells; each cell's config is validated "
         "before any cell runs"))
     independent_draws: bool = Field(False, description=(
@@ -293,6 +298,17 @@ class Config(_Section):
     outside what is allowed, makes ``simpipe validate`` and ``simpipe run`` exit with
     status 2 and one line per problem naming the key, the value and what is allowed;
     integers are strict (``true`` is not 1) and numbers finite.
+
+    **Setting a key**, with ``--set`` or as an [experiment grid](#experiment)'s key, follows
+    one rule. Every part of the key before the last must be a section: where the config has
+    a value there (``game = 3`` with ``--set game.rounds=5``), it is an error naming the key,
+    not a silent replacement. A table value is merged key by key into the section already
+    there, tables within it too: ``--set 'game={ratio="1/2"}'`` changes the ratio and keeps
+    the file's rounds. A table replaces instead where its keys are the user's own names
+    (``population.attributes``, an attribute's ``values``, ``agents.by``: a dotted key adds
+    one, ``--set population.attributes.education.values.PhD=1``), and in ``[cluster]`` and
+    ``[game]``, whose keys depend on their ``kind``, where it names another kind (the old
+    kind's keys would not belong to the new one). Any other value replaces what was there.
     """
 
     run: RunSection = RunSection()
@@ -570,6 +586,12 @@ def config_from_dict(raw: dict, source: str = "config") -> Config:
         raise ConfigError("\n".join(f"{source}: {line}" for line in lines)) from None
 
 
+# The sections whose keys depend on their ``kind`` (one table per kind), with the kind they
+# have where the config names none: ``set_key`` replaces such a section when a table set
+# into it names another kind.
+KIND_SECTIONS: dict[str, str] = {"cluster": CLUSTER_DEFAULT_KIND, "game": GAME_DEFAULT_KIND}
+
+
 def apply_override(raw: dict, item: str) -> None:
     """``game.rounds=5`` into the nested dict; values are TOML (bare words are strings)."""
     key, sep, text = item.partition("=")
@@ -583,14 +605,99 @@ def apply_override(raw: dict, item: str) -> None:
         value = text.strip()
     except (RecursionError, ValueError) as exc:
         raise ConfigError(f"--set {shown(item)}: not a TOML value: {_unreadable(exc)}") from None
-    node = raw
+    set_key(raw, key, value, where=f"--set {shown(item)}")
+
+
+def set_key(raw: dict[str, Any], key: str, value: Any, where: str) -> None:
+    """Set the dotted ``key`` (``game.rounds``) of a config read into a dict to ``value``:
+    the one rule of ``--set`` and of experiment grids (``simpipe.run.experiment``), so that
+    a key means the same in both (the top of docs/config.md says it to users).
+
+    - Every part before the last is a section, made where the config has none. A value
+      there (``game = 3`` and ``game.rounds``) is refused: ConfigError starting with
+      ``where``, naming the key and the fix. Replacing the value by a section would drop
+      what the file says without a word.
+    - A table value is merged key by key into a section already there (``is_section``),
+      tables within it too: the keys it does not name keep their values from the file
+      (``game = { ratio = "1/2" }`` changes the ratio, not the rounds). Two exceptions, where
+      merging would leave no way to say what a user means:
+      * a table of the user's own keys (an attribute's ``values``, ``agents.by``) is
+        replaced: merged, no key could ever be dropped from it, while a dotted key still
+        adds one (``...values.c = 1``);
+      * in ``[cluster]`` and ``[game]`` (``KIND_SECTIONS``), a table that names a ``kind``
+        other than the section's replaces it: their keys depend on the kind, so the old
+        kind's keys would be unknown keys of the new one, and ``--set
+        'cluster={kind="local"}'`` (what the unknown-key error tells a user to write)
+        could never change the kind.
+    - Any other value replaces what was there.
+
+    ``value`` is copied: the config never shares a table with the caller (a grid's values
+    are set into one config per cell)."""
     parts = key.split(".")
-    for part in parts[:-1]:
+    node = raw
+    for depth, part in enumerate(parts[:-1]):
         child = node.setdefault(part, {})
         if not isinstance(child, dict):
-            raise ConfigError(f"--set {shown(item)}: {shown(part)} is a value, not a section")
+            section = ".".join(parts[:depth + 1])
+            rest = ".".join(parts[depth + 1:])
+            raise ConfigError(
+                f"{where}: {shown(section)} is a value ({shown(child)}), not a section, so "
+                f"{shown(key)} cannot be set in it; make {section} a table in the config "
+                f"([{section}], or {section} = {{ {rest} = ... }})")
         node = child
-    node[parts[-1]] = value
+    last = parts[-1]
+    if isinstance(value, dict) and isinstance(node.get(last), dict):
+        _merge_table(node[last], value, key)
+    else:
+        node[last] = copy.deepcopy(value)
+
+
+def _merge_table(section: dict[str, Any], table: dict[str, Any], path: str) -> None:
+    """``table`` set at the config's ``path``, where ``section`` is (``set_key``'s rule)."""
+    default = KIND_SECTIONS.get(path)
+    if not is_section(path) or (
+            default is not None and table.get("kind", default) != section.get("kind", default)):
+        section.clear()
+        section.update(copy.deepcopy(table))
+        return
+    for key, value in table.items():
+        if isinstance(value, dict) and isinstance(section.get(key), dict):
+            _merge_table(section[key], value, f"{path}.{key}")
+        else:
+            section[key] = copy.deepcopy(value)
+
+
+def is_section(key: str) -> bool:
+    """Whether the config's dotted ``key`` holds a section, a table of keys the config
+    defines (``game``, ``agents.llamacpp``, ``population.attributes.education``), rather
+    than a table of the user's own keys (``population.attributes``, an attribute's
+    ``values``, ``agents.by``) or a plain value. Unknown keys are not sections."""
+    annotations: list[Any] = [Config]
+    for part in key.split("."):
+        inside: list[Any] = []
+        for annotation in annotations:
+            for member in _members(annotation):
+                if _is_model(member) and part in member.model_fields:
+                    inside.append(member.model_fields[part].annotation)
+                elif get_origin(member) is dict:
+                    inside.append(get_args(member)[1])  # any name: the map's value type
+        if not inside:
+            return False
+        annotations = inside
+    return any(_is_model(member) for a in annotations for member in _members(a))
+
+
+def _members(annotation: Any) -> list[Any]:
+    """The types an annotation allows: ``Annotated`` unwrapped, unions split."""
+    if get_origin(annotation) is Annotated:
+        return _members(get_args(annotation)[0])
+    if get_origin(annotation) in (Union, types.UnionType):
+        return [m for arg in get_args(annotation) for m in _members(arg)]
+    return [annotation]
+
+
+def _is_model(annotation: Any) -> bool:
+    return isinstance(annotation, type) and issubclass(annotation, BaseModel)
 
 
 _SHORT_REPR = reprlib.Repr()

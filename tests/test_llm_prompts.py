@@ -25,7 +25,8 @@ def partition(n: int, round_index: int, personas: bool, seed: int = 1):
     # invalid answers (NaN), -0.0 beside 0.0, and a winning number with many decimals
     guesses = rng.choice([10.0, 20.0, np.nan, -0.0, 0.0], (n, round_index))
     winning = rng.choice([33.3333, np.nan, 5.0], (n, round_index))
-    return agents, Turn(GAME, 1, round_index, 0, winning, guesses if round_index else None)
+    return agents, Turn(game_for(GAME), 1, round_index, 0, winning,
+                        guesses if round_index else None)
 
 
 @pytest.mark.parametrize("style", ["completion", "chat"])
@@ -34,7 +35,7 @@ def partition(n: int, round_index: int, personas: bool, seed: int = 1):
 def test_each_agent_gets_the_prompt_it_would_get_alone(style, round_index, personas):
     agents, turn = partition(3000, round_index, personas)
     codes, prompts = distinct_prompts(agents, turn, style)
-    builder, _ = prompting(GAME, style)
+    builder, _ = prompting(game_for(GAME), style)
     alone = builder.render_many(
         agents["persona"].tolist() if personas else [None] * len(agents),
         game_for(GAME).histories(turn.past_answers, turn.past_feedback), round_index)

@@ -53,7 +53,7 @@ def play(ratio: str, settings: ScriptedSettings, agents: int = 10_000, seed: int
     feedback = np.empty((agents, 0))
     means, medians, tops = [], [], []
     for r in range(rounds):
-        turn = Turn(game=config, seed=seed, round_index=r, partition=0, past_feedback=feedback)
+        turn = Turn(game=game, seed=seed, round_index=r, partition=0, past_feedback=feedback)
         guesses = game.scripted_answers(frame, turn, settings)
         mean = float(guesses.mean())
         means.append(mean)

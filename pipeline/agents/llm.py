@@ -40,7 +40,6 @@ from simpipe.games.answer_format import IntegerAnswers
 from simpipe.games.base import Game
 from simpipe.games.config import AnyGameConfig
 from simpipe.games.prompts import PromptBuilder
-from simpipe.games.registry import game_for
 from simpipe.inference.base import (
     AnswerColumns,
     Backend,
@@ -65,12 +64,13 @@ def agent_seeds(seed: int, round_index: int, agent_ids: np.ndarray) -> np.ndarra
 
 
 @functools.lru_cache(maxsize=64)
-def prompting(game: AnyGameConfig, style: str) -> tuple[PromptBuilder, OutputConstraint]:
-    """The prompt builder and answer constraint of a game (built once per process)."""
-    answer = game_for(game).answer()
+def prompting(game: Game, style: str) -> tuple[PromptBuilder, OutputConstraint]:
+    """The prompt builder and answer constraint of a game (built once per process and
+    table: games built from equal tables are equal)."""
+    answer = game.answer()
     constraint = OutputConstraint(gbnf=answer.grammar(), regex=answer.regex(),
                                   json_schema=answer.json_schema(), lark=answer.lark())
-    return PromptBuilder(game, style), constraint
+    return PromptBuilder(game.config, style), constraint
 
 
 def render_prompts(agents: pd.DataFrame, turn: Turn, style: str) -> list:
@@ -101,7 +101,7 @@ def distinct_prompts(agents: pd.DataFrame, turn: Turn, style: str) -> tuple[np.n
     codes, first = _row_codes(key)
     rendered = builder.render_many(
         [None] * first.size if personas is None else personas[first].tolist(),
-        (game_for(turn.game).histories(turn.past_answers[first], turn.past_feedback[first])
+        (turn.game.histories(turn.past_answers[first], turn.past_feedback[first])
          if past else None),
         turn.round_index,
     )
@@ -124,13 +124,14 @@ def _row_codes(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return rank[inverse.ravel()], first[order]
 
 
-def requests_for(prompts: list, seeds: np.ndarray, game: AnyGameConfig,
+def requests_for(prompts: list, seeds: np.ndarray, game: Game,
                  sampling: SamplingSettings) -> list[GenerationRequest]:
     """One request per prompt, with its seed, the sampling settings and the answer
     constraint."""
     _, constraint = prompting(game, "completion")
+    free_text = game.config.free_text_answer
     common = {
-        "max_tokens": sampling.cot_max_tokens if game.free_text_answer else sampling.max_tokens,
+        "max_tokens": sampling.cot_max_tokens if free_text else sampling.max_tokens,
         "temperature": sampling.temperature,
         "top_p": sampling.top_p,
         "top_k": sampling.top_k,
@@ -178,7 +179,7 @@ class LLMAgents(AgentPolicy):
         stats = DecisionStats(prompt_ids=np.unique(np.fromiter(
             (prompt_hash(u) for u in uniques), np.uint64, len(uniques))))
         out = _Answers(n)
-        sharing = self.shared is not None and self.sharing_refusal(game) is None
+        sharing = self.shared is not None and self.sharing_refusal(game.config) is None
         if sharing:
             self._draw_shared(out, codes, list(uniques), seeds, turn, stats)
         todo = np.nonzero(~out.shared)[0]
@@ -201,8 +202,9 @@ class LLMAgents(AgentPolicy):
             rest = int(todo.size) - told.done  # those a back-end did not tell of one by one
             if rest > 0:
                 report_agents(rest, calls=rest)
-        limit = self.sampling.cot_max_tokens if game.free_text_answer else self.sampling.max_tokens
-        guesses, statuses = game_for(game).answer().parse_many(out.texts, out.cut(limit))
+        limit = (self.sampling.cot_max_tokens if game.config.free_text_answer
+                 else self.sampling.max_tokens)
+        guesses, statuses = game.answer().parse_many(out.texts, out.cut(limit))
         statuses[out.failed] = "error"
         guesses[out.failed] = np.nan
         stats.shared_agents = int(out.shared.sum())
@@ -219,7 +221,7 @@ class LLMAgents(AgentPolicy):
         many agents share), or a tree probed lazily in this partition's chain."""
         s = self.sampling
         settings = ChainSettings(s.temperature, s.top_p, s.top_k, s.min_p)
-        answer = game_for(turn.game).answer()
+        answer = turn.game.answer()
         uniforms = step_uniforms(seeds, s.max_tokens)
         chained = self.backend.chains_probes
         order = np.argsort(codes, kind="stable")

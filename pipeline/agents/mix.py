@@ -14,7 +14,6 @@ import pandas as pd
 from simpipe.agents.base import Decisions, DecisionStats, Turn
 from simpipe.agents.registry import get_policy
 from simpipe.config import AgentsConfig
-from simpipe.games.registry import game_for
 from simpipe.population_mix import groups, mix_attribute, resolve
 from simpipe.store.round_record import MixSplit, ValueSplit
 
@@ -35,7 +34,7 @@ def decide_mixed(agents: AgentsConfig, frame: pd.DataFrame, turn: Turn,
     per agents config and engine per settings in this process), the rows back in agent
     order. ``own_answers`` reads the partition's earlier answers, once, for policies that
     need them."""
-    game = game_for(turn.game)
+    game = turn.game
     values = agent_values(agents, frame)
     answers: list[np.ndarray] = []
 

@@ -11,7 +11,6 @@ from simpipe.agents.base import AgentPolicy, Decisions, Turn, decisions_frame
 from simpipe.agents.progress import report_agents
 from simpipe.aio import CoalescedClock, gc_paused, run_async
 from simpipe.games.base import Game, ScriptedSettings
-from simpipe.games.registry import game_for
 
 
 class ScriptedAgents(AgentPolicy):
@@ -25,7 +24,7 @@ class ScriptedAgents(AgentPolicy):
 
     def decide(self, agents: pd.DataFrame, turn: Turn) -> Decisions:
         n = len(agents)
-        answers = game_for(turn.game).scripted_answers(agents, turn, self.settings)
+        answers = turn.game.scripted_answers(agents, turn, self.settings)
         latency = None
         if self.latency_s > 0:
             with gc_paused():

@@ -35,6 +35,7 @@ from simpipe.agents.llm import build_requests
 from simpipe.agents.registry import warm_policy
 from simpipe.config import Config, config_from_dict
 from simpipe.games.parsing import parse_many
+from simpipe.games.registry import game_for
 from simpipe.inference.base import GenerationRequest
 from simpipe.inference.llamacpp.backend import (
     build_has_llguidance,
@@ -82,7 +83,7 @@ def engine_config(agents: int, n_parallel: int, output_dir: Path, backend: str =
 def _requests(config: Config) -> list[GenerationRequest]:
     """Round-1 requests exactly as the pipeline's LLM policy builds them."""
     population = read_population(config.run_dir)
-    turn = Turn(config.game, config.run.seed, 0, 0, np.empty((len(population), 0)))
+    turn = Turn(game_for(config.game), config.run.seed, 0, 0, np.empty((len(population), 0)))
     return build_requests(population, turn, "completion", config.agents)
 
 

@@ -37,6 +37,7 @@ import numpy as np
 from simpipe.agents.llm import prompting, requests_for
 from simpipe.config import config_from_dict
 from simpipe.games.beauty_contest.prompts import HistoryItem
+from simpipe.games.registry import game_for
 from simpipe.inference.base import GenerationRequest
 from simpipe.inference.llamacpp.backend import (
     build_has_llguidance,
@@ -96,7 +97,7 @@ def open_setup(setup: Setup, model_path: Path | None = None) -> Any:
 def round3_prompts(n: int, seed: int = 7) -> list[str]:
     """``n`` distinct round-3 prompts (two earlier rounds), sorted as the pipeline sorts
     distinct prompts: neighbours share the rules, the persona and often round 1."""
-    builder, _ = prompting(config_from_dict({}).game, "completion")
+    builder, _ = prompting(game_for(config_from_dict({}).game), "completion")
     rng = np.random.default_rng(seed)
     prompts: set[str] = set()
     while len(prompts) < n:
@@ -112,7 +113,7 @@ def round3_prompts(n: int, seed: int = 7) -> list[str]:
 def round3_requests(n: int) -> list[GenerationRequest]:
     cfg = config_from_dict({"agents": {"backend": "llamacpp", "max_tokens": 6}})
     seeds = np.arange(1000, 1000 + n)
-    return requests_for(round3_prompts(n), seeds, cfg.game, cfg.agents)
+    return requests_for(round3_prompts(n), seeds, game_for(cfg.game), cfg.agents)
 
 
 def top_logprobs(server: Any, prompt: Any, *, slot: int = 0, cache: bool = False) -> Top:

@@ -18,6 +18,7 @@ import numpy as np
 from simpipe.agents.base import Turn
 from simpipe.agents.registry import build_policy
 from simpipe.config import Config, config_from_dict
+from simpipe.games.registry import game_for
 from simpipe.memory import PeakMemory
 from simpipe.personas.sampling import sample_partition
 from simpipe.run.console import Console
@@ -84,13 +85,14 @@ def run_case(case: ScaleCase, raw: bool = True) -> list[dict]:
 def _raw_case(case: ScaleCase, config: Config) -> dict:
     """The same policy on the same partitions, in this process, one after another."""
     policy = build_policy(config.agents)
+    game = game_for(config.game)
     with PeakMemory() as mem:
         start = time.perf_counter()
         for r in range(case.rounds):
             for k in range(case.partitions):
                 agents = sample_partition(config.population, config.run.seed, k)
                 past = np.full((len(agents), r), 30.0)
-                turn = Turn(config.game, config.run.seed, r, k, past)
+                turn = Turn(game, config.run.seed, r, k, past)
                 policy.decide(agents, turn)
         wall = time.perf_counter() - start
     agent_rounds = case.agents * case.rounds

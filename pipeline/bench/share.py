@@ -32,6 +32,7 @@ from simpipe.agents.llm import build_requests
 from simpipe.aio import run_async
 from simpipe.answers.planner import METHODS
 from simpipe.config import Config, apply_override, config_from_dict
+from simpipe.games.registry import game_for
 from simpipe.inference.llamacpp.backend import LlamaCppBackend, resolve_model_path
 from simpipe.memory import PeakMemory
 from simpipe.run.console import Console
@@ -86,7 +87,7 @@ def default_config(agents: int, rounds: int, output_dir: Path,
 def per_agent_reference(config: Config, sample: int) -> dict:
     """One sampled call per agent for the first ``sample`` agents' round-1 prompts."""
     population = read_population(config.run_dir).iloc[:sample]
-    turn = Turn(config.game, config.run.seed, 0, 0, np.empty((len(population), 0)))
+    turn = Turn(game_for(config.game), config.run.seed, 0, 0, np.empty((len(population), 0)))
     requests = build_requests(population, turn, "completion", config.agents)
     backend = LlamaCppBackend(config.agents.llamacpp)
     try:

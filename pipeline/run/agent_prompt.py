@@ -30,6 +30,7 @@ from simpipe.config import AgentsConfig, Config
 from simpipe.errors import SimpipeError
 from simpipe.games.base import Game
 from simpipe.games.groups import assign_groups
+from simpipe.games.registry import game_for
 from simpipe.records import CorruptFile
 from simpipe.store.integrity import RESUME_REPAIRS, check_part, read_part, read_summary
 from simpipe.store.layout import RunPaths
@@ -162,7 +163,7 @@ def _rebuild(paths: RunPaths, ledger: RunRecord, game: Game, style: str, agent_i
         summary = read_summary(resolve(paths.summary), game.summary_columns,
                                first_round=ledger.first_round)
         feedback = game.feedback_table(summary, int(groups.max()) + 1, round_index)[[group]]
-    turn = Turn(game=game.config, seed=seed, round_index=round_index, partition=k,
+    turn = Turn(game=game, seed=seed, round_index=round_index, partition=k,
                 past_feedback=feedback, past_answers=own if round_index else None)
     agent = population.iloc[[agent_id - start]].reset_index(drop=True)
     prompt = render_prompts(agent, turn, style)[0]
@@ -187,6 +188,6 @@ def example_prompt(config: Config, persona: str | None,
         raise PromptUnavailable("rule-based agents get no prompt")
     style = plugin.prompt_style(agents.settings)
     agent = pd.DataFrame({"agent_id": [0]} | ({"persona": [persona]} if persona else {}))
-    turn = Turn(game=config.game, seed=config.run.seed, round_index=0, partition=0,
+    turn = Turn(game=game_for(config.game), seed=config.run.seed, round_index=0, partition=0,
                 past_feedback=np.empty((1, 0)))
     return render_prompts(agent, turn, style)[0]

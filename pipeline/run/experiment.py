@@ -43,6 +43,8 @@ from simpipe.config import (
     RunSection,
     config_from_dict,
     read_config_dict,
+    set_key,
+    shown,
 )
 from simpipe.errors import SimpipeError
 from simpipe.games import validity
@@ -156,7 +158,11 @@ def experiment_from_dict(raw: dict[str, Any], source: str = "config") -> Experim
     cells: list[Cell] = []
     problems: dict[str, list[str]] = {}
     for cell_name, values in named:
-        cell_raw = _cell_dict(base, values, {"name": cell_name, "output_dir": str(folder)})
+        try:
+            cell_raw = _cell_dict(base, values, {"name": cell_name, "output_dir": str(folder)})
+        except ConfigError as exc:
+            problems.setdefault(str(exc), []).append(cell_name)
+            continue
         if (section.independent_draws and "run.seed" not in values
                 and isinstance(cell_raw.get("run"), dict)):
             cell_raw["run"]["seed"] = cell_seed(run.get("seed", fields["seed"].default), values)
@@ -227,21 +233,12 @@ def _problem_lines(problems: dict[str, list[str]], source: str) -> list[str]:
 
 def _cell_dict(base: dict[str, Any], values: dict[str, Any],
                run: dict[str, str]) -> dict[str, Any]:
-    """The base config with a cell's grid values and its run name and folder."""
+    """The base config with a cell's grid values and its run name and folder. Each grid
+    value is set as ``--set`` sets it (``simpipe.config.set_key``); ConfigError naming the
+    grid key where one cannot be."""
     raw = copy.deepcopy(base)
     for key, value in values.items():
-        parts = key.split(".")
-        node = raw
-        for part in parts[:-1]:
-            child = node.setdefault(part, {})
-            if not isinstance(child, dict):
-                child = node[part] = {}  # a value where the grid needs a table: validation says
-            node = child
-        target = node.get(parts[-1])
-        if isinstance(value, dict) and isinstance(target, dict):
-            target.update(copy.deepcopy(value))  # a table sets each of its keys
-        else:
-            node[parts[-1]] = copy.deepcopy(value)
+        set_key(raw, key, value, where=f"experiment.grid key {shown(key)}")
     section = raw.setdefault("run", {})
     if isinstance(section, dict):
         section.update(run)

@@ -30,7 +30,8 @@ from simpipe.answers.round_plan import (
     texts_of,
 )
 from simpipe.answers.shared import Lookup, prompt_key
-from simpipe.config import Config
+from simpipe.config import AgentsConfig, Config
+from simpipe.games.base import Game
 from simpipe.games.registry import game_for
 from simpipe.inference.types import ChainSettings
 from simpipe.run.round_task import (
@@ -47,31 +48,33 @@ def partition_prompts(job: PartitionJob, feedback: np.ndarray) -> PartitionPromp
     played = not paths.round_part(job.round_index, job.partition).exists()
     agents = pd.read_parquet(paths.population_part(job.partition))
     turn = partition_turn(job, feedback, len(agents), needs_own_answers=True)
-    codes, prompts = distinct_prompts(agents, turn, prompt_style(job.config.agents))
+    codes, prompts = distinct_prompts(agents, turn, prompt_style(job.agents))
     return prompt_tally(job.partition, played, codes, [prompt_key(p) for p in prompts])
 
 
-def plan_chunk(config: Config, hashes: np.ndarray, agents: np.ndarray,
+def plan_chunk(settings: AgentsConfig, game: Game, hashes: np.ndarray, agents: np.ndarray,
                *texts_by_part: dict[int, str]) -> PlannedChunk:
     """Stage 2 (a worker task): the distributions of one chunk's prompts, in its order;
-    ``agents``: the round's agents on each (how much of a tree is worth probing)."""
+    ``settings``: the agents' (their back-end's), not the whole config (pickled into every
+    chunk's task); ``agents``: the round's agents on each (how much of a tree is worth
+    probing)."""
     wanted = hashes.tolist()
     texts: dict[int, str] = {}
     for part in texts_by_part:
         for h in wanted:
             if h not in texts and h in part:
                 texts[h] = part[h]
-    policy = get_policy(config.agents)
+    policy = get_policy(settings)
     shared = policy.shared  # type: ignore[attr-defined]
-    s = config.agents
-    settings = ChainSettings(s.temperature, s.top_p, s.top_k, s.min_p)
-    bounds = game_for(config.game).answer().bounds
+    s = settings
+    chain = ChainSettings(s.temperature, s.top_p, s.top_k, s.min_p)
+    bounds = game.answer().bounds
     # The chunk's prompts in text order, one chain: neighbours share the rules and often the
     # persona, so each costs its distinct suffix. The chunk (layout order, fixed size) and this
     # order depend only on the prompts, so the numbers are the same on any worker.
     order = sorted(range(len(wanted)), key=lambda i: texts[wanted[i]])
     counts = agents.tolist()
-    chained = shared.compute_chain([texts[wanted[i]] for i in order], settings, s.max_tokens,
+    chained = shared.compute_chain([texts[wanted[i]] for i in order], chain, s.max_tokens,
                                    bounds, s.share_max_unseen, [counts[i] for i in order])
     lookups: list[Lookup] = [None] * len(wanted)  # type: ignore[list-item]
     for i, found in zip(order, chained, strict=True):
@@ -118,7 +121,8 @@ def plan_round(client: Client, config: Config, jobs: Sequence[PartitionJob], fee
     chosen = np.concatenate(plan.chunks)
     texts = [client.submit(texts_of, f, chosen, key=f"texts-{key}-part-{k}", pure=False)
              for k, f in enumerate(found)]
-    chunks = [client.submit(plan_chunk, config, hashes, agents, *texts,
+    game = game_for(config.game)  # the one object of this process: each task pickles it
+    chunks = [client.submit(plan_chunk, config.agents, game, hashes, agents, *texts,
                             key=f"plan-{key}-chunk-{i}", pure=False)
               for i, (hashes, agents) in enumerate(zip(plan.chunks, plan.agents, strict=True))]
     wait(chunks, "distributions")

@@ -22,8 +22,9 @@ from simpipe.agents.base import DecisionStats, Turn
 from simpipe.agents.mix import decide_mixed, partition_counts
 from simpipe.agents.progress import report_agents, reporting
 from simpipe.aio import gc_paused
-from simpipe.config import Config
+from simpipe.config import AgentsConfig, Config
 from simpipe.files import move_aside, write_parquet_atomic
+from simpipe.games.base import Game
 from simpipe.games.partials import Partial
 from simpipe.games.registry import game_for
 from simpipe.personas.sampling import partition_bounds
@@ -51,10 +52,17 @@ REUSED_COLUMNS = ("group_id", "guess", "status", "tokens_in", "tokens_out",
 
 @dataclass(frozen=True)
 class PartitionJob:
-    config: Config
+    """What one partition's round task reads of the run, and nothing else: it is pickled
+    into every task of every round, so the whole ``Config`` (the cluster's and the
+    population's sections, which the task never reads) stays on the client."""
+
+    agents: AgentsConfig  # the policies and their back-ends' settings
+    game: Game
+    seed: int  # run.seed
     run_dir: str
     round_index: int
     partition: int
+    agent_ids: tuple[int, int]  # this partition's agents, [first, end): a reused file's check
     group_ids: np.ndarray  # the group of each agent in this partition, in agent_id order
     progress_topic: str = ""  # where the task reports agents answered (simpipe.agents.progress)
     first_round: int = 1  # the run's first round's number on disk (RunPaths.first_round)
@@ -62,6 +70,17 @@ class PartitionJob:
     @property
     def paths(self) -> RunPaths:
         return RunPaths(Path(self.run_dir), self.first_round)
+
+
+def partition_jobs(config: Config, paths: RunPaths, round_index: int, groups: np.ndarray,
+                   progress_topic: str = "") -> list[PartitionJob]:
+    """One job per partition of the round: the config's pieces each task reads, the
+    partition's agents and their groups (``groups``: every agent's, in agent_id order)."""
+    game = game_for(config.game)
+    bounds = partition_bounds(config.population.size, config.population.n_partitions)
+    return [PartitionJob(config.agents, game, config.run.seed, str(paths.root), round_index,
+                         k, (a, b), groups[a:b], progress_topic, paths.first_round)
+            for k, (a, b) in enumerate(bounds)]
 
 
 @dataclass
@@ -92,10 +111,8 @@ def _play(job: PartitionJob, feedback: np.ndarray,
     out = paths.round_part(job.round_index, job.partition)
     set_aside = ""
     if out.exists():
-        population = job.config.population
-        ids = partition_bounds(population.size, population.n_partitions)[job.partition]
         try:
-            rows = read_part(out, ids, REUSED_COLUMNS, required=ROW_COLUMNS)
+            rows = read_part(out, job.agent_ids, REUSED_COLUMNS, required=ROW_COLUMNS)
             stats = DecisionStats(shared_agents=int(rows["shared"].sum()))
             report_agents(len(rows))  # answered in an earlier invocation
             return _outcome(job, rows, stats, reused=True)
@@ -110,7 +127,7 @@ def _play(job: PartitionJob, feedback: np.ndarray,
     with gc_paused():
         # Each agent by its own policy: one for all, or one per value of a mixed
         # population's attribute (simpipe.agents.mix); own answers read only if asked for.
-        decisions = decide_mixed(job.config.agents, agents, turn, lambda: read_own_answers(
+        decisions = decide_mixed(job.agents, agents, turn, lambda: read_own_answers(
             paths, job.partition, job.round_index))
     rows = pd.concat(
         [pd.DataFrame({"agent_id": agents["agent_id"].to_numpy(),
@@ -131,8 +148,8 @@ def partition_turn(job: PartitionJob, feedback: np.ndarray, n_agents: int,
         past_answers = read_own_answers(job.paths, job.partition,
                                         job.round_index)
     return Turn(
-        game=job.config.game,
-        seed=job.config.run.seed,
+        game=job.game,
+        seed=job.seed,
         round_index=job.round_index,
         partition=job.partition,
         past_feedback=(feedback[job.group_ids] if feedback.size
@@ -156,14 +173,14 @@ def _outcome(job: PartitionJob, rows: pd.DataFrame, stats: DecisionStats, reused
              set_aside: str = "") -> PartitionOutcome:
     return PartitionOutcome(
         partition=job.partition,
-        partial=game_for(job.config.game).partial(rows),
+        partial=job.game.partial(rows),
         n_agents=len(rows),
         tokens_in=int(rows["tokens_in"].sum()),
         tokens_out=int(rows["tokens_out"].sum()),
         reused=reused,
         stats=stats,
         set_aside=set_aside,
-        by_value=partition_counts(job.config.agents,
+        by_value=partition_counts(job.agents,
                                   job.paths.population_part(job.partition),
                                   rows),
     )

@@ -50,7 +50,12 @@ from simpipe.run.planned_round import plan_round
 from simpipe.run.population import ensure_population
 from simpipe.run.quiet_teardown import QuietTeardown
 from simpipe.run.round_progress import LINE_EVERY_S, RoundMeter, RoundSnapshot, format_eta
-from simpipe.run.round_task import ROW_COLUMNS, PartitionJob, PartitionOutcome, play_partition
+from simpipe.run.round_task import (
+    ROW_COLUMNS,
+    PartitionOutcome,
+    partition_jobs,
+    play_partition,
+)
 from simpipe.run.sigterm import sigterm_as_interrupt
 from simpipe.store.integrity import read_summary, round_problems
 from simpipe.store.layout import RunPaths, as_stored
@@ -221,8 +226,8 @@ def _run_rounds(client: Client, config: Config, paths: RunPaths, ledger: Ledger,
         started_at = time.time()  # on the clock emulated servers' stats are aligned to
         meter = RoundMeter(watch, console, ledger, r, config.game.rounds,
                            [b - a for a, b in bounds], observer.round_progress)
-        outcomes, plan = _play_round(client, config, paths, meter, r, groups, bounds,
-                                     feedback, token, watch.topic)
+        outcomes, plan = _play_round(client, config, paths, meter, r, groups, feedback, token,
+                                     watch.topic)
         rows = game.reduce([o.partial for o in outcomes], r)
         summary = _with_round(summary, rows, r)
         write_parquet_atomic(as_stored(summary, paths.first_round), paths.summary)
@@ -241,12 +246,10 @@ def _run_rounds(client: Client, config: Config, paths: RunPaths, ledger: Ledger,
 
 
 def _play_round(client: Client, config: Config, paths: RunPaths, meter: RoundMeter, r: int,
-                groups: np.ndarray, bounds: list[tuple[int, int]], feedback: np.ndarray,
-                token: str, progress_topic: str) -> tuple[list[PartitionOutcome], _PlanNumbers]:
+                groups: np.ndarray, feedback: np.ndarray, token: str,
+                progress_topic: str) -> tuple[list[PartitionOutcome], _PlanNumbers]:
     feedback_future = _on_workers(client, feedback)
-    jobs = [PartitionJob(config, str(paths.root), r, k, groups[a:b], progress_topic,
-                         paths.first_round)
-            for k, (a, b) in enumerate(bounds)]
+    jobs = partition_jobs(config, paths, r, groups, progress_topic)
     plan = None
     if plans_rounds(config):
         # Stages 1 and 2 (simpipe.run.planned_round, planned by simpipe.answers.round_plan):

@@ -21,6 +21,7 @@ from simpipe.answers.shared import SharedAnswers, step_uniforms
 from simpipe.config import config_from_dict
 from simpipe.games.beauty_contest.prompts import HistoryItem
 from simpipe.games.parsing import parse_many
+from simpipe.games.registry import game_for
 from simpipe.inference.llamacpp.backend import LlamaCppBackend
 from simpipe.inference.settings import LlamaCppSettings
 from simpipe.inference.types import ChainSettings
@@ -74,11 +75,11 @@ CASES = {
 def test_shared_draws_match_one_call_per_agent(backend, case: str) -> None:
     sampling, history = CASES[case]
     config = _game(**sampling)
-    builder, _ = prompting(config.game, "completion")
+    builder, _ = prompting(game_for(config.game), "completion")
     round_index = 0 if history is None else len(history)
     prompt = builder.render(None, history or (), round_index)
 
-    requests = requests_for([prompt] * PER_AGENT, np.arange(PER_AGENT), config.game,
+    requests = requests_for([prompt] * PER_AGENT, np.arange(PER_AGENT), game_for(config.game),
                             config.agents)
     called = [r.text for r in asyncio.run(backend.generate(requests))]
 

@@ -13,6 +13,7 @@ import pytest
 from simpipe.agents.llm import LLMAgents
 from simpipe.config import config_from_dict
 from simpipe.games.base import Turn
+from simpipe.games.registry import game_for
 from simpipe.inference.llamacpp.backend import LlamaCppBackend
 
 pytestmark = [pytest.mark.llm, pytest.mark.slow]
@@ -43,7 +44,7 @@ def test_answers_do_not_depend_on_partition_order_or_the_cache() -> None:
             out = {}
             for p in order:
                 agents, own, told = parts[p]
-                turn = Turn(config.game, 7, 1, p, told, own)
+                turn = Turn(game_for(config.game), 7, 1, p, told, own)
                 out[p] = policy.decide(agents, turn)
             return out
         finally:

@@ -34,7 +34,7 @@ def play(game_config: PublicGoodsConfig, n: int, seed: int, partitions: int = 4)
         feedback = game.feedback_table(summary, n_groups, r)
         answers, partials = [], []
         for k, ids in enumerate(bounds):
-            turn = Turn(game_config, seed, r, k, feedback[groups[ids]],
+            turn = Turn(game, seed, r, k, feedback[groups[ids]],
                         own[ids] if r else None)
             agents = pd.DataFrame({"agent_id": ids})
             c = game.scripted_answers(agents, turn, UNUSED)
@@ -84,7 +84,7 @@ def test_cooperators_answer_what_their_own_group_gave() -> None:
     rich = groups % 2 == 0
     totals = np.where(rich, 80.0, 0.0)[:, None]
     own = np.where(rich, 20.0, 0.0)[:, None]
-    turn = Turn(game, 3, 1, 0, totals, own)
+    turn = Turn(game_for(game), 3, 1, 0, totals, own)
     c = game_for(game).scripted_answers(pd.DataFrame({"agent_id": np.arange(n)}), turn, UNUSED)
     free_rider, _ = agent_types(3, 0, n, CooperationParams())
     assert c[rich & ~free_rider].mean() > 12 and c[~rich & ~free_rider].mean() < 8

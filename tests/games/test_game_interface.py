@@ -79,7 +79,7 @@ def play(game: Game, rounds: int, partitions: int = 3):
         feedback = game.feedback_table(summary, int(groups.max()) + 1, r)
         answers, partials = [], []
         for k, ids in enumerate(np.array_split(np.arange(N), partitions)):
-            turn = Turn(config, 9, r, k, feedback[groups[ids]], own[ids] if r else None)
+            turn = Turn(game, 9, r, k, feedback[groups[ids]], own[ids] if r else None)
             a = game.scripted_answers(pd.DataFrame({"agent_id": ids}), turn, SETTINGS)
             status = np.where(ids % 10 == 0, "unparsed", "ok")
             a = np.where(status == "ok", a, np.nan)

@@ -230,9 +230,9 @@ def test_without_options_the_answer_stays_the_bare_number() -> None:
 def test_predict_others_gets_the_reasoning_token_budget_and_no_shared_answers() -> None:
     game = GameConfig(predict_others=True)
     sampling = SamplingSettings(max_tokens=6, cot_max_tokens=200)
-    (request,) = requests_for(["p"], np.arange(1), game, sampling)
+    (request,) = requests_for(["p"], np.arange(1), game_for(game), sampling)
     assert request.max_tokens == 200
-    (plain,) = requests_for(["p"], np.arange(1), GameConfig(), sampling)
+    (plain,) = requests_for(["p"], np.arange(1), game_for(GameConfig()), sampling)
     assert plain.max_tokens == 6
     assert "predict_others" in sharing_refusal("auto", game, "llamacpp", True, "completion")
 

@@ -29,6 +29,7 @@ from simpipe.answers.shared import SharedAnswers, prompt_hash
 from simpipe.config import config_from_dict
 from simpipe.games.answer_format import IntegerAnswers
 from simpipe.games.base import Turn
+from simpipe.games.registry import game_for
 from simpipe.inference.http.backend import RequestFailed
 from simpipe.inference.http.openai_compat import OpenAIBackend
 from simpipe.inference.llamacpp import backend as llamacpp
@@ -414,7 +415,8 @@ def test_plan_chunk_survives_a_bad_server(fault: str) -> None:
     with HostileServer(answer) as url:
         config = _agents_config(url)
         texts = {prompt_hash(p): p for p in ("a: ", "b: ")}
-        chunk = plan_chunk(config, np.array(list(texts), np.uint64), np.array([9, 9]), texts)
+        chunk = plan_chunk(config.agents, game_for(config.game), np.array(list(texts), np.uint64),
+                           np.array([9, 9]), texts)
     assert [f.distribution for f in chunk.lookups] == [None, None]
     assert all(f.problem for f in chunk.lookups)
 
@@ -444,7 +446,7 @@ def test_the_lazy_walk_answers_by_calls_when_the_probes_are_bad(fault: str) -> N
         try:
             agents = pd.DataFrame({"agent_id": np.arange(3, dtype=np.int64),
                                    "persona": [f"You are agent {k}." for k in range(3)]})
-            turn = Turn(config.game, 5, 0, 0, np.empty((3, 0)), np.empty((3, 0)))
+            turn = Turn(game_for(config.game), 5, 0, 0, np.empty((3, 0)), np.empty((3, 0)))
             decisions = LLMAgents(backend, config.agents).decide(agents, turn)
         finally:
             aio.run_async(backend.aclose())
