@@ -18,7 +18,7 @@ from simpipe.cluster import dashboard_off
 from simpipe.cluster.config import SlurmClusterConfig
 from simpipe.cluster.ctrl_c import import_slurm_cluster
 from simpipe.cluster.slurm import SlurmError, dry_submit, require_controller, sbatch_words
-from simpipe.errors import SimpipeError
+from simpipe.core.errors import SimpipeError
 
 logger = logging.getLogger(__name__)
 #: The keys whose values reach the worker job's #SBATCH lines: what a refusal points at.

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from simpipe.cluster import slurm
 from simpipe.cluster.config import ClusterConfig, ServersConfig, memory_mib
-from simpipe.errors import SimpipeError
+from simpipe.core.errors import SimpipeError
 
 ENDED_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
                 "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}

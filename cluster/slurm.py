@@ -11,7 +11,7 @@ import subprocess
 from dataclasses import dataclass
 
 from simpipe.cluster.config import ClusterConfig
-from simpipe.errors import SimpipeError
+from simpipe.core.errors import SimpipeError
 
 
 class SlurmError(SimpipeError, RuntimeError):

@@ -23,7 +23,7 @@ from simpipe.agents.base import (
     stored_raw,
 )
 from simpipe.agents.progress import TaskReporter, current_reporter, report_agents
-from simpipe.aio import run_async
+from simpipe.core.aio import run_async
 from simpipe.answers.distribution import LazyTree, TooMuchUnseen
 from simpipe.answers.shared import (
     Lookup,
@@ -50,10 +50,10 @@ from simpipe.inference.base import (
 )
 from simpipe.inference.settings import SamplingSettings
 from simpipe.inference.types import ChainSettings, Probe, ProbeError
-from simpipe.seeds import GOLDEN, splitmix64
+from simpipe.core.seeds import GOLDEN, splitmix64
 
 if TYPE_CHECKING:
-    from simpipe.config import AgentsConfig
+    from simpipe.config.model import AgentsConfig
 
 
 def agent_seeds(seed: int, round_index: int, agent_ids: np.ndarray) -> np.ndarray:

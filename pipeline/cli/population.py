@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from simpipe.errors import SimpipeError
+from simpipe.core.errors import SimpipeError
 from simpipe.store.layout import SPEC_FILE
 
 
@@ -35,7 +35,7 @@ def population_show(directory: str, samples: int) -> None:
 
     from simpipe.personas.checks import attribute_report
     from simpipe.personas.config import ConditionalAttribute, PopulationConfig
-    from simpipe.records import CorruptFile
+    from simpipe.core.records import CorruptFile
     from simpipe.run.population import read_population_spec
 
     pop_dir = _population_dir(Path(directory))

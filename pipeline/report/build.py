@@ -16,7 +16,7 @@ from simpipe.report.experiment import comparison, load_experiment_runs
 from simpipe.report.html import title, write_html
 from simpipe.report.load import ReportInputError, RunData, load_runs, slug
 from simpipe.store.experiment import is_experiment_dir
-from simpipe.tables import markdown_table
+from simpipe.core.tables import markdown_table
 
 FLOAT2 = "{:.2f}"
 NOT_SHOWN = "not shown to the agents"

@@ -10,7 +10,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 from simpipe.games.validity import source_label
 from simpipe.report.contents import FigureItem, Report, TableSection
-from simpipe.tables import format_cell
+from simpipe.core.tables import format_cell
 
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2rem auto; max-width: 70rem; padding: 0 1rem;

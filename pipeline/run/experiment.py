@@ -1,6 +1,6 @@
 """``simpipe experiment CONFIG``: a grid of runs on one cluster.
 
-A config with an ``[experiment]`` table (``simpipe.config.ExperimentSection``) is the base
+A config with an ``[experiment]`` table (``simpipe.config.model.ExperimentSection``) is the base
 of every cell; the cartesian product of its ``grid`` gives the cells, each one run folder
 ``<run.output_dir>/<experiment>/<cell>/`` named from its grid values, and
 ``experiment.json`` beside them lists the cells, their values and states
@@ -36,7 +36,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from simpipe.config import (
+from simpipe.config.model import (
     DIR_NAME,
     Config,
     ConfigError,
@@ -44,9 +44,9 @@ from simpipe.config import (
     config_from_dict,
     read_config_dict,
 )
-from simpipe.errors import SimpipeError
+from simpipe.core.errors import SimpipeError
 from simpipe.games import validity
-from simpipe.records import CorruptFile
+from simpipe.core.records import CorruptFile
 from simpipe.run.console import LOGGER, Console
 from simpipe.run.executor import Executor, executor_for
 from simpipe.run.quiet_teardown import QuietTeardown

@@ -21,8 +21,8 @@ from simpipe.cluster import servers as srv
 from simpipe.cluster.config import SlurmClusterConfig
 from simpipe.cluster.process_identity import own_identity
 from simpipe.cluster.state import job_log_dir, read_section, update_state, worker_job_name
-from simpipe.config import Config
-from simpipe.errors import SimpipeError
+from simpipe.config.model import Config
+from simpipe.core.errors import SimpipeError
 from simpipe.run.executor import SlurmExecutor
 
 REFRESH_S = 2.0

@@ -24,7 +24,7 @@ from simpipe.games.base import Game
 from simpipe.games.registry import game_from_dict
 from simpipe.personas.config import MAX_PARTITIONS, MAX_POPULATION
 from simpipe.personas.sampling import partition_bounds
-from simpipe.records import (
+from simpipe.core.records import (
     CorruptFile,
     NonNegative,
     ProcessId,
@@ -121,7 +121,7 @@ class Progress(_Record):
 
 class ConfigSections(_Record):
     """The resolved config as written; only its shape: the sections' own rules belong to
-    ``simpipe.config`` (an old run's config need not validate under this version)."""
+    ``simpipe.config.model`` (an old run's config need not validate under this version)."""
 
     run: dict[str, Any] | None = None
     population: dict[str, Any] | None = None
