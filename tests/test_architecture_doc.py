@@ -36,7 +36,8 @@ def test_the_page_draws_the_layers_the_import_test_enforces():
 
 def test_a_unit_in_the_wrong_layer_is_caught():
     page = ("## Layers\n\n| layer | units | may import |\n|---|---|---|\n"
-            "| base | `simpipe.core.errors` | nothing |\n| top | `simpipe.cli`, `simpipe` | all |\n")
+            "| base | `simpipe.core.errors` | nothing |\n"
+            "| top | `simpipe.cli`, `simpipe` | all |\n")
     same = [("simpipe.core.errors",), ("simpipe", "simpipe.cli")]
     assert layer_problems(documented_layers(page), same) == []
     moved = layer_problems(documented_layers(page), [("simpipe.core.errors", "simpipe.cli"),

@@ -17,8 +17,8 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from simpipe.config.backends import BACKENDS
 from simpipe.cluster.server_kinds import SERVER_KINDS
+from simpipe.config.backends import BACKENDS
 
 from support import REPO
 

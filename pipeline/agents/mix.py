@@ -15,8 +15,8 @@ import pandas as pd
 from simpipe.agents.base import Decisions, DecisionStats, Turn
 from simpipe.agents.registry import get_policy
 from simpipe.config.model import AgentsConfig
-from simpipe.games.registry import game_for
 from simpipe.config.population_mix import BY, groups, mix_attribute, resolve
+from simpipe.games.registry import game_for
 
 # --- playing a partition ---------------------------------------------------------------------
 

@@ -31,11 +31,11 @@ from simpipe.answers.distribution import (
     answer_distribution,
 )
 from simpipe.config.backends import BACKENDS
+from simpipe.core.seeds import GOLDEN, splitmix64
 from simpipe.games.answer_format import IntegerAnswers
 from simpipe.games.config import AnyGameConfig
 from simpipe.inference.base import Backend
 from simpipe.inference.types import ChainSettings, Probe, ProbeError
-from simpipe.core.seeds import GOLDEN, splitmix64
 
 _DRAW_STREAM = np.uint64(0xD1B54A32D192ED03)
 _STEP_STREAM = np.uint64(0x94D049BB133111EB)

@@ -19,10 +19,10 @@ from simpipe.agents.base import Turn
 from simpipe.agents.registry import build_policy
 from simpipe.config.model import Config, config_from_dict
 from simpipe.core.memory import PeakMemory
+from simpipe.core.tables import markdown_table
 from simpipe.personas.sampling import sample_partition
 from simpipe.run.console import Console
 from simpipe.run.simulation import run_simulation
-from simpipe.core.tables import markdown_table
 
 
 @dataclass

@@ -33,9 +33,9 @@ def population_show(directory: str, samples: int) -> None:
     import numpy as np  # keep `simpipe --help` light
     import pandas as pd
 
+    from simpipe.core.records import CorruptFile
     from simpipe.personas.checks import attribute_report
     from simpipe.personas.config import ConditionalAttribute, PopulationConfig
-    from simpipe.core.records import CorruptFile
     from simpipe.run.population import read_population_spec
 
     pop_dir = _population_dir(Path(directory))

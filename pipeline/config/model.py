@@ -38,6 +38,7 @@ from pydantic import (
     model_validator,
 )
 
+from simpipe.cluster.config import KIND_ERROR, ClusterConfig, LocalClusterConfig
 from simpipe.config.backends import (
     BACKENDS,
     DEFAULT_BACKEND,
@@ -47,7 +48,6 @@ from simpipe.config.backends import (
     endpoint_backends,
     llm_backends,
 )
-from simpipe.cluster.config import KIND_ERROR, ClusterConfig, LocalClusterConfig
 from simpipe.core.errors import SimpipeError
 from simpipe.games.config import AnyGameConfig, BeautyContestConfig, GameConfig
 from simpipe.games.registry import game_for

@@ -39,12 +39,12 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from simpipe.config.backends import BACKENDS
 from simpipe.cluster import dashboard_off, slurm
 from simpipe.cluster import servers as srv
 from simpipe.cluster.config import AddressClusterConfig, ClusterConfig, ServersConfig
 from simpipe.cluster.servers import ServerError
 from simpipe.cluster.state import StateError, read_section, read_state, run_target
+from simpipe.config.backends import BACKENDS
 from simpipe.config.model import Config, ConfigError
 from simpipe.core.errors import SimpipeError
 from simpipe.run.emulate import SUFFIX, Site, emulate_config, probe_site

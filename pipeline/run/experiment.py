@@ -45,8 +45,8 @@ from simpipe.config.model import (
     read_config_dict,
 )
 from simpipe.core.errors import SimpipeError
-from simpipe.games import validity
 from simpipe.core.records import CorruptFile
+from simpipe.games import validity
 from simpipe.run.console import LOGGER, Console
 from simpipe.run.executor import Executor, executor_for
 from simpipe.run.quiet_teardown import QuietTeardown

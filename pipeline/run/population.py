@@ -29,10 +29,10 @@ from simpipe.core.files import (
     write_json_atomic,
     write_parquet_atomic,
 )
+from simpipe.core.records import CorruptFile, StrictRecord, read_json_model
 from simpipe.personas.config import MAX_PARTITIONS, MAX_POPULATION, PopulationConfig
 from simpipe.personas.meta_prompt import prompt_hash
 from simpipe.personas.sampling import partition_bounds, sample_partition
-from simpipe.core.records import CorruptFile, StrictRecord, read_json_model
 from simpipe.run.console import Console
 from simpipe.run.persona_build import BackendFactory, PersonaStats, add_personas
 from simpipe.store.integrity import check_part

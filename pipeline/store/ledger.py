@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from simpipe.config.model import Config
+from simpipe.config.population_mix import llm_groups
 from simpipe.core.errors import SimpipeError
 from simpipe.core.files import write_json_atomic
-from simpipe.games.validity import MODEL, RULE_BASED, SYNTHETIC
-from simpipe.config.population_mix import llm_groups
 from simpipe.core.records import CorruptFile, StrictRecord, read_json_record
+from simpipe.games.validity import MODEL, RULE_BASED, SYNTHETIC
 from simpipe.store.layout import LAYOUT, RunPaths, is_run_entry
 from simpipe.store.owner import owner_problem, this_process
 from simpipe.store.record import MAX_LEDGER_BYTES, Progress, RoundRecord, RunRecord, read_ledger

@@ -20,10 +20,6 @@ from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
-from simpipe.games.base import Game
-from simpipe.games.registry import game_from_dict
-from simpipe.personas.config import MAX_PARTITIONS, MAX_POPULATION
-from simpipe.personas.sampling import partition_bounds
 from simpipe.core.records import (
     CorruptFile,
     NonNegative,
@@ -32,6 +28,10 @@ from simpipe.core.records import (
     first_error,
     read_json_model,
 )
+from simpipe.games.base import Game
+from simpipe.games.registry import game_from_dict
+from simpipe.personas.config import MAX_PARTITIONS, MAX_POPULATION
+from simpipe.personas.sampling import partition_bounds
 from simpipe.store.integrity import AgentRange
 from simpipe.store.layout import RunPaths, first_round
 

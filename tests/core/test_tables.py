@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import math
 
-from simpipe.report import html as report_html
 from simpipe.core.tables import format_cell, markdown_table
+from simpipe.report import html as report_html
 
 
 def test_a_cell_is_blank_when_missing_formatted_when_a_number_and_text_as_written() -> None:
