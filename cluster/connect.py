@@ -18,7 +18,7 @@ from simpipe.cluster.config import SlurmClusterConfig
 from simpipe.cluster.ctrl_c import import_slurm_cluster
 from simpipe.cluster.slurm import SlurmError, dry_submit, require_controller
 from simpipe.cluster.slurm_job import REFUSED, SUBMIT_LOGGER, refused_jobs, reporting_job_class
-from simpipe.errors import SimpipeError
+from simpipe.core.errors import SimpipeError
 
 #: The keys whose values reach the worker job's #SBATCH lines: what a refusal points at.
 JOB_KEYS = ("cluster.queue, cluster.account, cluster.cores, cluster.memory, cluster.walltime "

@@ -1,6 +1,6 @@
 """The ``cluster.kind`` registry: one ``ClusterKind`` plug-in object per kind, its settings
 model and its executor side by side. Adding a kind is one entry here (or, from outside the
-package, one ``CLUSTER_KINDS[name] = ClusterKind(...)`` before ``simpipe.config`` is
+package, one ``CLUSTER_KINDS[name] = ClusterKind(...)`` before ``simpipe.config.model`` is
 imported: the ``[cluster]`` union is built from this table when the config is).
 
 Imported by ``simpipe validate``: nothing here imports distributed or dask-jobqueue.
@@ -45,7 +45,7 @@ def _kind_of(value: Any) -> str | None:
 def settings_union() -> Any:
     """``[cluster]`` as a type: one of the registered kinds' settings models, chosen by
     ``kind``; a key of another kind is an error naming the key and the kind. Built from
-    ``CLUSTER_KINDS`` as it is now (``simpipe.config`` builds it once, when imported)."""
+    ``CLUSTER_KINDS`` as it is now (``simpipe.config.model`` builds it once, when imported)."""
     return Annotated[
         Union[tuple(Annotated[k.settings, Tag(name)]  # noqa: UP007 - built from the registry
                     for name, k in CLUSTER_KINDS.items())],

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from simpipe.cluster import slurm
 from simpipe.cluster.config import ServersConfig, SlurmClusterConfig, memory_mib
-from simpipe.errors import SimpipeError
+from simpipe.core.errors import SimpipeError
 
 
 class ServerError(SimpipeError, RuntimeError):

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from simpipe.cluster.config import ClusterSettings, SlurmClusterConfig
-from simpipe.errors import SimpipeError
+from simpipe.core.errors import SimpipeError
 
 
 class SlurmError(SimpipeError, RuntimeError):

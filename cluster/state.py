@@ -21,10 +21,10 @@ from pydantic import Strict, ValidationError
 
 from simpipe.cluster.config import SlurmClusterConfig
 from simpipe.cluster.process_identity import is_process_id
-from simpipe.errors import SimpipeError
-from simpipe.files import write_json_atomic
-from simpipe.home import simpipe_home
-from simpipe.records import (
+from simpipe.core.errors import SimpipeError
+from simpipe.core.files import write_json_atomic
+from simpipe.core.home import simpipe_home
+from simpipe.core.records import (
     CorruptFile,
     ProcessId,
     StrictRecord,
@@ -192,7 +192,7 @@ def healthy_endpoints(state: dict[str, Any]) -> list[str]:
 def run_target(state: dict[str, Any], backend: str,
                takes_endpoints: bool) -> tuple[str, list[str]]:
     """What points a run at this cluster: its scheduler address and, for a back-end that
-    takes endpoints (``takes_endpoints``, its plug-in's attribute in ``simpipe.backends``,
+    takes endpoints (``takes_endpoints``, its plug-in's attribute in ``simpipe.config.backends``,
     a layer above this one), its healthy servers' URLs for ``agents.<backend>.endpoints``
     (empty otherwise)."""
     name = state.get("name", "?")

@@ -84,7 +84,7 @@ class Turn:
 DEPTH_LIMIT = 100.0
 
 
-# The back-end's table (simpipe.backends.ScriptedBackendSettings) is this model with the
+# The back-end's table (simpipe.config.backends.ScriptedBackendSettings) is this model with the
 # back-end's own keys added: the game's keys are defined once, here.
 class ScriptedSettings(BaseModel):
     """`tau`, `depth_growth`, `noise` and `depth_shift` are the keys the game reads: the beauty

@@ -20,11 +20,11 @@ __version__ = "0.1.0"
 # Resolved on first use so `import simpipe` (and `simpipe validate`) stays light;
 # "module:attribute" where the module's own name for it differs.
 _EXPORTS = {
-    "Config": "simpipe.config",
-    "ConfigError": "simpipe.config",
-    "SimpipeError": "simpipe.errors",
-    "load_config": "simpipe.config",
-    "config_from_dict": "simpipe.config",
+    "Config": "simpipe.config.model",
+    "ConfigError": "simpipe.config.model",
+    "SimpipeError": "simpipe.core.errors",
+    "load_config": "simpipe.config.model",
+    "config_from_dict": "simpipe.config.model",
     "run_simulation": "simpipe.run.simulation",
     "RunResult": "simpipe.run.simulation",
     "Executor": "simpipe.run.executor",

@@ -9,7 +9,7 @@ import threading
 import time
 from pathlib import Path
 
-from simpipe.config import Config, config_from_dict
+from simpipe.config.model import Config, config_from_dict
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTED = REPO / "examples" / "scripted.toml"

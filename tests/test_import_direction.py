@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from simpipe.errors import IMPORTABLE_EVERYWHERE
+from simpipe.core.errors import IMPORTABLE_EVERYWHERE
 
 from support import REPO
 
@@ -23,34 +23,32 @@ DOMAIN = ("simpipe.games", "simpipe.personas")
 FOLDERS = {"pipeline": "simpipe", "games": "simpipe.games", "personas": "simpipe.personas",
            "cluster": "simpipe.cluster"}
 #: The layers, bottom first: a package may import its own layer and those below, never one
-#: above. A unit is a subpackage of simpipe or a module of the core (``pipeline/*.py``):
-#: the core's modules sit at different heights. docs/architecture.md explains each layer.
+#: above. A unit is a subpackage of simpipe (each folder is one layer: ``pipeline/`` itself
+#: holds only the lazy API, ``test_each_folder_is_one_unit``). docs/architecture.md
+#: explains each layer.
 LAYERS: list[tuple[str, ...]] = [
-    # imports nothing of simpipe but each other
-    ("simpipe.errors", "simpipe.aio", "simpipe.files", "simpipe.records", "simpipe.home",
-     "simpipe.tables", "simpipe.memory", "simpipe.seeds"),
+    ("simpipe.core",),  # errors, files, bounded reads, event loop, seeds: nothing of simpipe
     ("simpipe.games", "simpipe.personas"),  # the domain: pure Python
     ("simpipe.inference",),  # the client side of inference
     ("simpipe.servers",),  # the servers simpipe runs (llama.cpp's uses the engine)
     ("simpipe.cluster",),  # workers, server jobs, persistent clusters
-    # the config, composed from the sections of the layers below
-    ("simpipe.backends", "simpipe.config", "simpipe.config_docs", "simpipe.population_mix"),
+    ("simpipe.config",),  # the config, composed from the sections of the layers below
     ("simpipe.store",),  # a run's files (run.json records the config)
     # how answers are obtained from a back-end: the tree, distribution, cache, planner and
     # round plan. Above the config (the planner prices a run's config, the cache says why a
-    # back-end of ``simpipe.backends`` cannot share) and the servers (emulator profiles'
-    # cost models); below the agents, which ask it for their answers. The round plan's
-    # Dask stages, which render and play partitions, are in the run (``run.planned_round``).
+    # back-end of ``simpipe.config.backends`` cannot share) and the servers (emulator
+    # profiles' cost models); below the agents, which ask it for their answers. The round
+    # plan's Dask stages, which render and play partitions, are in the run
+    # (``run.planned_round``).
     ("simpipe.answers",),
     ("simpipe.agents",),  # how a partition decides
-    # a run: where it executes, servers, population, rounds; the dry run's estimate (read
-    # from its run.json)
-    ("simpipe.run", "simpipe.estimate"),
+    # a run: where it executes, servers, population, rounds, the dry run's estimate
+    ("simpipe.run",),
     ("simpipe.report", "simpipe.ui", "simpipe.bench"),  # readers and benchmarks of runs
     ("simpipe", "simpipe.cli"),  # the Python API and the command line
 ]
 #: The one pipeline module every package may import: the base of the errors a user can fix
-#: (``simpipe.errors`` imports nothing of simpipe itself).
+#: (``simpipe.core.errors`` imports nothing of simpipe itself).
 EVERYWHERE = (IMPORTABLE_EVERYWHERE,)
 
 
@@ -99,12 +97,12 @@ def test_a_wrong_import_is_found_wherever_it_is(tmp_path: Path) -> None:
     (tmp_path / "games").mkdir()
     (tmp_path / "games" / "bad.py").write_text(
         "from . import config\nimport simpipe.personas.sampling\n"
-        "from simpipe.errors import SimpipeError\n"
+        "from simpipe.core.errors import SimpipeError\n"
         "def f():\n    from simpipe.run.simulation import run_simulation\n"
         "from .. import cluster\n")
     (tmp_path / "cluster").mkdir()
     (tmp_path / "cluster" / "bad.py").write_text(
-        "from simpipe.config import Config\nfrom simpipe.games import registry\n")
+        "from simpipe.config.model import Config\nfrom simpipe.games import registry\n")
     assert violations(tmp_path, "games") == [
         "games/bad.py:5 imports simpipe.run.simulation.run_simulation",
         "games/bad.py:6 imports simpipe.cluster"]
@@ -147,7 +145,7 @@ def module_graph(root: Path) -> dict[str, dict[str, list[str]]]:
 
 def unit_of(module: str) -> str:
     """The package-level unit of a module: ``simpipe.run.simulation`` -> ``simpipe.run``,
-    ``simpipe.config`` -> itself (a core module is its own unit)."""
+    ``simpipe.core.errors`` -> ``simpipe.core``."""
     return ".".join(module.split(".")[:2])
 
 
@@ -205,6 +203,13 @@ def test_packages_import_only_their_layer_and_below() -> None:
     assert layer_violations(package_graph(REPO)) == []
 
 
+def test_each_folder_is_one_unit() -> None:
+    """``pipeline/`` holds packages only (and the lazy API in its ``__init__``): a module at
+    its root would be a unit of its own, at a height its folder does not show."""
+    assert sorted(p.name for p in (REPO / "pipeline").glob("*.py")) == ["__init__.py"]
+    assert all(len(unit.split(".")) <= 2 for layer in LAYERS for unit in layer)
+
+
 def test_neither_packages_nor_modules_import_in_a_cycle() -> None:
     assert find_cycle(package_graph(REPO)) == []
     assert find_cycle(module_graph(REPO)) == []
@@ -219,10 +224,10 @@ def _write(root: Path, files: dict[str, str]) -> None:
 def test_a_planted_cycle_and_an_import_up_the_layers_are_found(tmp_path: Path) -> None:
     """store -> run only inside a function and run -> store at the top still make a cycle."""
     _write(tmp_path, {
-        "pipeline/__init__.py": "", "pipeline/errors.py": "",
+        "pipeline/__init__.py": "", "pipeline/core/errors.py": "",
         "pipeline/run/__init__.py": "", "pipeline/store/__init__.py": "",
         "pipeline/run/simulation.py": "from simpipe.store import ledger\n",
-        "pipeline/store/ledger.py": ("from simpipe.errors import SimpipeError\n"
+        "pipeline/store/ledger.py": ("from simpipe.core.errors import SimpipeError\n"
                                      "def f():\n    from ..run.simulation import run\n"),
     })
     graph = package_graph(tmp_path)
@@ -231,7 +236,7 @@ def test_a_planted_cycle_and_an_import_up_the_layers_are_found(tmp_path: Path) -
         "simpipe.run.simulation", "simpipe.store.ledger", "simpipe.run.simulation"]
     assert layer_violations(graph) == [
         "pipeline/store/ledger.py:3: simpipe.store imports simpipe.run (a layer above)"]
-    (tmp_path / "pipeline/store/ledger.py").write_text("import simpipe.errors\n")
+    (tmp_path / "pipeline/store/ledger.py").write_text("import simpipe.core.errors\n")
     (tmp_path / "pipeline/newpkg").mkdir()
     (tmp_path / "pipeline/newpkg/__init__.py").write_text("")
     graph = package_graph(tmp_path)
@@ -246,7 +251,7 @@ IMPORT_STRING = re.compile(r"simpipe(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")
 #: work (docs/architecture.md, "Layers"). A new one fails the test; fixing one of these
 #: fails it too, until it is taken off this list.
 KNOWN_UPWARD_STRINGS = {
-    ("pipeline/backends.py", "simpipe.agents.registry"),  # the scripted back-end's policy
+    ("pipeline/config/backends.py", "simpipe.agents.registry"),  # the scripted back-end's policy
 }
 
 
@@ -284,7 +289,7 @@ def test_a_planted_import_string_up_the_layers_is_found(tmp_path: Path) -> None:
     _write(tmp_path, {
         "pipeline/__init__.py": "", "pipeline/store/__init__.py": "",
         "pipeline/store/ledger.py": 'PLUGIN = "simpipe.run.simulation:run_simulation"\n'
-                                    'FINE = "simpipe.errors:SimpipeError"\n'
+                                    'FINE = "simpipe.core.errors:SimpipeError"\n'
                                     'TEXT = "simpipe.run is not an import string"\n',
     })
     assert upward_import_strings(tmp_path) == [("pipeline/store/ledger.py",

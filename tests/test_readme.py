@@ -80,6 +80,27 @@ def test_the_readme_is_short_and_points_to_the_architecture():
     assert "(docs/architecture.md)" in section(text, "Architecture")
 
 
+#: Folders under tests/ that hold no package's tests: shared data files.
+NOT_A_PACKAGE = {"data"}
+
+
+def folder_problems(tests: Path, packages: list[str]) -> list[str]:
+    """One line for each test folder that names no installed package (``tests/run`` is the
+    tests of ``simpipe.run``; ``tests/inference/http`` of ``simpipe.inference.http``) and for
+    each test file at the top of ``tests/`` that is not a check of the whole repository."""
+    problems = []
+    for folder in sorted(p for p in tests.rglob("*") if p.is_dir()):
+        parts = folder.relative_to(tests).parts
+        if parts[0] in NOT_A_PACKAGE or "__pycache__" in parts:
+            continue
+        if ".".join(["simpipe", *parts]) not in packages:
+            problems.append(f"tests/{'/'.join(parts)} names no package: move its tests to "
+                            "the folder of the package they test")
+    problems += [f"tests/{p.name} is at the top: move it to the folder of its package"
+                 for p in sorted(tests.glob("test_*.py")) if p.name not in WHOLE_REPO_CHECKS]
+    return problems
+
+
 def test_a_map_with_a_wrong_name_or_a_missing_package_is_caught():
     text = ("## Module map\n\n| package | modules | what |\n|---|---|---|\n"
             "| `simpipe.games` (`games/`) | `config`, `no_such_module` | x |\n\n## Next\n")
@@ -162,3 +183,24 @@ def test_ci_may_split_the_command_but_not_drop_or_reorder_a_step():
     # Another command is not the step: `pytest -k x` runs a part of the suite.
     assert not runs_in_order(command, "python3 -m venv .venv && . .venv/bin/activate && "
                                   "pip install -e . && pytest -k x\n")
+
+
+#: The tests at the top of tests/: checks of the whole repository, not of one package.
+WHOLE_REPO_CHECKS = {"test_import_direction.py", "test_architecture_doc.py", "test_readme.py",
+                     "test_docs_links.py", "test_docs_example.py", "test_registries.py"}
+
+
+def test_tests_mirror_the_packages():
+    problems = folder_problems(ROOT / "tests", installed_packages())
+    assert not problems, "\n".join(problems)
+
+
+def test_a_test_folder_or_file_out_of_place_is_caught(tmp_path: Path):
+    for folder in ("run", "inference/http", "data/x", "runs"):
+        (tmp_path / folder).mkdir(parents=True)
+    (tmp_path / "test_readme.py").write_text("")
+    (tmp_path / "test_executor.py").write_text("")
+    assert folder_problems(tmp_path, ["simpipe.run", "simpipe.inference",
+                                              "simpipe.inference.http"]) == [
+        "tests/runs names no package: move its tests to the folder of the package they test",
+        "tests/test_executor.py is at the top: move it to the folder of its package"]

@@ -1,6 +1,6 @@
 """Back-ends and server kinds are named in their registries only.
 
-``simpipe.backends.BACKENDS`` names the back-ends (``agents.backend``) and
+``simpipe.config.backends.BACKENDS`` names the back-ends (``agents.backend``) and
 ``simpipe.cluster.server_kinds.SERVER_KINDS`` the server kinds (``cluster.servers.kind``);
 whatever differs between them is declared there. Code elsewhere that compares against such a
 name, or uses one as a key, decides per back-end or kind behind the registry's back: adding
@@ -21,13 +21,13 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from simpipe.backends import BACKENDS
 from simpipe.cluster.server_kinds import SERVER_KINDS
+from simpipe.config.backends import BACKENDS
 
 from support import REPO
 
 FOLDERS = ("pipeline", "cluster", "games", "personas")
-BACKEND_HOME = "pipeline/backends.py"
+BACKEND_HOME = "pipeline/config/backends.py"
 KIND_HOME = "cluster/server_kinds.py"
 #: Names that are also ordinary values ("none": a container, a worker lifetime, a persona
 #: grammar): only a comparison with a ``kind`` counts.
@@ -163,7 +163,7 @@ def f(config, cfg, table, backend):
 ''')
     # A registry module may name its own entries, and only those.
     _plant(tmp_path, "cluster/server_kinds.py", 'X = {"emulated": 1}\nY = {"scripted": 1}\n')
-    _plant(tmp_path, "pipeline/backends.py", 'X = {"scripted": 1}\nY = {"vllm": 1}\n')
+    _plant(tmp_path, "pipeline/config/backends.py", 'X = {"scripted": 1}\nY = {"vllm": 1}\n')
     # An allowed use passes; the same name used another way in that file does not.
     _plant(tmp_path, "pipeline/bench/scale.py",
            'RAW = {"agents": {"backend": "scripted", "scripted": {}}}\n'
@@ -171,8 +171,8 @@ def f(config, cfg, table, backend):
     backends = frozenset({"scripted", "llamacpp", "tgi", "openai"})
     kinds = frozenset({"none", "tgi", "vllm", "llamacpp", "custom", "emulated"})
     assert violations(tmp_path, backends, kinds) == [
-        "pipeline/backends.py:2 'vllm' (key)",
         "pipeline/bench/scale.py:3 'scripted' (compare)",
+        "pipeline/config/backends.py:2 'vllm' (key)",
         "pipeline/run/bad.py:3 'scripted' (compare)",
         "pipeline/run/bad.py:5 'openai' (compare)",
         "pipeline/run/bad.py:5 'tgi' (compare)",
@@ -190,7 +190,7 @@ def f(config, cfg, table, backend):
 # entry in the registries would, and reports what the rest of the code makes of them.
 _NEW_PLUGINS = r'''
 import json
-from simpipe.backends import BACKENDS, BackendPlugin
+from simpipe.config.backends import BACKENDS, BackendPlugin
 from simpipe.cluster.server_kinds import SERVER_KINDS, ServerKindPlugin
 from simpipe.inference.settings import TgiSettings
 
@@ -202,7 +202,7 @@ SERVER_KINDS["fake"] = ServerKindPlugin("fake", "a test server", endpoint_backen
 
 from simpipe.cluster.servers import server_command
 from simpipe.cluster.state import run_target
-from simpipe.config import AgentsConfig, ConfigError, config_from_dict, persona_agents_config
+from simpipe.config.model import AgentsConfig, ConfigError, config_from_dict, persona_agents_config
 
 def echo(endpoints):
     return config_from_dict({"agents": {"backend": "echo", "echo": {"endpoints": endpoints}},
@@ -285,7 +285,7 @@ class ThreadWorkers(Workers[ThreadsClusterConfig]):
 CLUSTER_KINDS["threads"] = ClusterKind(ThreadsClusterConfig, ThreadWorkers)
 
 import simpipe
-from simpipe.config import ConfigError, config_from_dict
+from simpipe.config.model import ConfigError, config_from_dict
 from simpipe.run.console import Console
 from simpipe.run.executor import executor_for
 from simpipe.store.results import read_rounds

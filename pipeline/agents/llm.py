@@ -23,7 +23,6 @@ from simpipe.agents.base import (
     stored_raw,
 )
 from simpipe.agents.progress import TaskReporter, current_reporter, report_agents
-from simpipe.aio import run_async
 from simpipe.answers.distribution import LazyTree, TooMuchUnseen
 from simpipe.answers.shared import (
     Lookup,
@@ -36,6 +35,8 @@ from simpipe.answers.shared import (
     worth_a_distribution,
 )
 from simpipe.answers.tree import TreeShape
+from simpipe.core.aio import run_async
+from simpipe.core.seeds import GOLDEN, splitmix64
 from simpipe.games.answer_format import IntegerAnswers
 from simpipe.games.base import Game
 from simpipe.games.config import AnyGameConfig
@@ -49,10 +50,9 @@ from simpipe.inference.base import (
 )
 from simpipe.inference.settings import SamplingSettings
 from simpipe.inference.types import ChainSettings, Probe, ProbeError
-from simpipe.seeds import GOLDEN, splitmix64
 
 if TYPE_CHECKING:
-    from simpipe.config import AgentsConfig
+    from simpipe.config.model import AgentsConfig
 
 
 def agent_seeds(seed: int, round_index: int, agent_ids: np.ndarray) -> np.ndarray:

@@ -1,6 +1,6 @@
 """Mixed populations on the workers: a partition played group by group, each value of the
 mix attribute by its own policy, and what each value's answers add up to
-(``simpipe.population_mix`` is the config's part: the tables, their checks, the groups)."""
+(``simpipe.config.population_mix`` is the config's part: the tables, their checks, the groups)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import pandas as pd
 
 from simpipe.agents.base import Decisions, DecisionStats, Turn
 from simpipe.agents.registry import get_policy
-from simpipe.config import AgentsConfig
-from simpipe.population_mix import groups, mix_attribute, resolve
+from simpipe.config.model import AgentsConfig
+from simpipe.config.population_mix import groups, mix_attribute, resolve
 from simpipe.store.round_record import MixSplit, ValueSplit
 
 # --- playing a partition ---------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The worker process's policies and engines, built from ``simpipe.backends.BACKENDS``.
+"""The worker process's policies and engines, built from ``simpipe.config.backends.BACKENDS``.
 
 One engine per worker process and back-end settings (``[agents.<backend>]``), shared by
 every user in the process: the game's agents of every partition and round, and the persona
@@ -21,9 +21,9 @@ from distributed import Client, WorkerPlugin
 from distributed.core import Status
 
 from simpipe.agents.base import AgentPolicy
-from simpipe.aio import process_loop, run_async
 from simpipe.answers.capabilities import backend_class
-from simpipe.config import AgentsConfig
+from simpipe.config.model import AgentsConfig
+from simpipe.core.aio import process_loop, run_async
 from simpipe.inference.base import Backend, GenerationRequest
 
 EngineFactory = Callable[[AgentsConfig], Backend]
@@ -57,7 +57,8 @@ def process_engines() -> list[str]:
 
 
 def scripted_policy(settings: Any) -> AgentPolicy:
-    """The ``scripted`` back-end's policy (``simpipe.backends``): cognitive-hierarchy agents."""
+    """The ``scripted`` back-end's policy (``simpipe.config.backends``): cognitive-hierarchy
+    agents."""
     # Each back-end's agents are imported when it is used (the LLM ones bring the
     # inference stack).
     from simpipe.agents.scripted import ScriptedAgents

@@ -9,7 +9,7 @@ import pandas as pd
 
 from simpipe.agents.base import AgentPolicy, Decisions, Turn, decisions_frame
 from simpipe.agents.progress import report_agents
-from simpipe.aio import CoalescedClock, gc_paused, run_async
+from simpipe.core.aio import CoalescedClock, gc_paused, run_async
 from simpipe.games.base import Game, ScriptedSettings
 
 

@@ -1,12 +1,12 @@
 """What the configured back-end can do, asked of its class without building it (no model
-load, no connection): the engine class of ``agents.backend`` (``simpipe.backends``) and the
+load, no connection): the engine class of ``agents.backend`` (``simpipe.config.backends``) and the
 capabilities it declares on ``simpipe.inference.base.Backend``. The planner, the round plan
 and the agents registry ask here, never probing an engine object for its methods."""
 
 from __future__ import annotations
 
-from simpipe.backends import BACKENDS
-from simpipe.config import AgentsConfig
+from simpipe.config.backends import BACKENDS
+from simpipe.config.model import AgentsConfig
 from simpipe.inference.base import Backend
 
 

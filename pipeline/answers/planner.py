@@ -42,7 +42,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from simpipe.answers.capabilities import backend_class
-from simpipe.config import Config
+from simpipe.config.model import Config
 from simpipe.inference.cost_model import CostModel
 from simpipe.servers.emulator_profiles import get_profile
 
@@ -147,7 +147,7 @@ def methods_record(methods: np.ndarray, names: tuple[str, ...], agents: np.ndarr
 
 def record_spent(estimate: dict | None) -> dict[int, float]:
     """Per round index (from 0), the GPU seconds the emulated fleet spent on it: the work
-    its requests cost (``simpipe.estimate``: the per-server mean ``ideal_s`` times the
+    its requests cost (``simpipe.run.estimate``: the per-server mean ``ideal_s`` times the
     servers read)."""
     if not estimate:
         return {}

@@ -44,9 +44,9 @@ from simpipe.answers.capabilities import backend_supports_distributions, prompt_
 from simpipe.answers.distribution import AnswerDistribution
 from simpipe.answers.planner import LAZY_METHODS, METHODS, AnswerCosts, methods_record
 from simpipe.answers.shared import Lookup, prompt_hash, sharing_refusal, worth_a_distribution
-from simpipe.config import Config
+from simpipe.config.model import Config
+from simpipe.config.population_mix import mix_attribute
 from simpipe.inference.cost_model import approx_tokens
-from simpipe.population_mix import mix_attribute
 
 #: Most prompts per stage-2 task: a distribution is ~22 one-token calls (~0.5 s on 2 cores),
 #: so a chunk is seconds of work, and a round of ~1,000 prompts is ~130 tasks to spread.

@@ -30,12 +30,12 @@ from simpipe.answers.distribution import (
     TooMuchUnseen,
     answer_distribution,
 )
-from simpipe.backends import BACKENDS
+from simpipe.config.backends import BACKENDS
+from simpipe.core.seeds import GOLDEN, splitmix64
 from simpipe.games.answer_format import IntegerAnswers
 from simpipe.games.config import AnyGameConfig
 from simpipe.inference.base import Backend
 from simpipe.inference.types import ChainSettings, Probe, ProbeError
-from simpipe.seeds import GOLDEN, splitmix64
 
 _DRAW_STREAM = np.uint64(0xD1B54A32D192ED03)
 _STEP_STREAM = np.uint64(0x94D049BB133111EB)

@@ -22,14 +22,14 @@ from typing import Any
 import aiohttp
 import psutil
 
-from simpipe import aio
 from simpipe.agents.registry import build_backend
-from simpipe.config import AgentsConfig
+from simpipe.config.model import AgentsConfig
+from simpipe.core import aio
+from simpipe.core.tables import markdown_table
 from simpipe.inference.base import Backend, GenerationRequest, OutputConstraint
 from simpipe.inference.http.client import ConnectionPool
 from simpipe.servers.emulator import EmulatorProcess
 from simpipe.servers.stub import StubProcess
-from simpipe.tables import markdown_table
 
 FORMATS = {
     "wall_s": "{:.2f}",

@@ -33,7 +33,9 @@ from distributed import Client, LocalCluster
 from simpipe.agents.base import Turn
 from simpipe.agents.llm import build_requests
 from simpipe.agents.registry import warm_policy
-from simpipe.config import Config, config_from_dict
+from simpipe.config.model import Config, config_from_dict
+from simpipe.core.memory import PeakMemory
+from simpipe.core.tables import markdown_table
 from simpipe.games.parsing import parse_many
 from simpipe.games.registry import game_for
 from simpipe.inference.base import GenerationRequest
@@ -44,14 +46,12 @@ from simpipe.inference.llamacpp.backend import (
     request_body,
     resolve_model_path,
 )
-from simpipe.memory import PeakMemory
 from simpipe.run.console import Console
 from simpipe.run.population import ensure_population
 from simpipe.run.simulation import run_simulation
 from simpipe.servers.llamacpp_server import LlamaCppProcess
 from simpipe.store.layout import RunPaths
 from simpipe.store.results import read_population, read_rounds
-from simpipe.tables import markdown_table
 
 FORMATS = {"prompts_per_s": "{:.2f}", "gen_tokens_per_s": "{:.1f}", "p50_latency_s": "{:.2f}",
            "p95_latency_s": "{:.2f}", "wall_s": "{:.1f}", "ratio_to_raw": "{:.2f}",

@@ -50,18 +50,18 @@ from simpipe.bench.scale import ATTRIBUTES
 from simpipe.cluster import servers as srv
 from simpipe.cluster import slurm
 from simpipe.cluster.config import memory_amount
-from simpipe.config import Config, config_from_dict
-from simpipe.errors import SimpipeError
-from simpipe.estimate import STATS_PATH, fetch_stats, fleet_edges, fleet_window
+from simpipe.config.model import Config, config_from_dict
+from simpipe.core.errors import SimpipeError
+from simpipe.core.tables import markdown_table
 from simpipe.inference.http.endpoints import emulate_node
 from simpipe.run.console import Console
+from simpipe.run.estimate import STATS_PATH, fetch_stats, fleet_edges, fleet_window
 from simpipe.run.executor import Executor
 from simpipe.run.simulation import RoundObserver, run_simulation
 from simpipe.servers.emulator_profiles import get_profile
 from simpipe.store.record import RunRecord
 from simpipe.store.results import read_ledger
 from simpipe.store.round_record import RoundRecord
-from simpipe.tables import markdown_table
 
 DEFAULT_PORT = 19300
 WEAK_NODES = (1, 2, 4)

@@ -35,7 +35,8 @@ from typing import Any
 import numpy as np
 
 from simpipe.agents.llm import prompting, requests_for
-from simpipe.config import config_from_dict
+from simpipe.config.model import config_from_dict
+from simpipe.core.tables import markdown_table
 from simpipe.games.beauty_contest.prompts import HistoryItem
 from simpipe.games.registry import game_for
 from simpipe.inference.base import GenerationRequest
@@ -46,7 +47,6 @@ from simpipe.inference.llamacpp.backend import (
     open_engine,
     request_body,
 )
-from simpipe.tables import markdown_table
 
 TOP_N = 20
 FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}

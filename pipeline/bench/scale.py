@@ -17,13 +17,13 @@ import numpy as np
 
 from simpipe.agents.base import Turn
 from simpipe.agents.registry import build_policy
-from simpipe.config import Config, config_from_dict
+from simpipe.config.model import Config, config_from_dict
+from simpipe.core.memory import PeakMemory
+from simpipe.core.tables import markdown_table
 from simpipe.games.registry import game_for
-from simpipe.memory import PeakMemory
 from simpipe.personas.sampling import sample_partition
 from simpipe.run.console import Console
 from simpipe.run.simulation import run_simulation
-from simpipe.tables import markdown_table
 
 
 @dataclass

@@ -29,18 +29,18 @@ import numpy as np
 
 from simpipe.agents.base import Turn
 from simpipe.agents.llm import build_requests
-from simpipe.aio import run_async
 from simpipe.answers.planner import METHODS
-from simpipe.config import Config, apply_override, config_from_dict
+from simpipe.config.model import Config, apply_override, config_from_dict
+from simpipe.core.aio import run_async
+from simpipe.core.memory import PeakMemory
+from simpipe.core.tables import markdown_table
 from simpipe.games.registry import game_for
 from simpipe.inference.llamacpp.backend import LlamaCppBackend, resolve_model_path
-from simpipe.memory import PeakMemory
 from simpipe.run.console import Console
 from simpipe.run.simulation import run_simulation
 from simpipe.servers.llamacpp_server import LlamaCppProcess
 from simpipe.store.results import read_ledger, read_population
 from simpipe.store.round_record import RoundRecord
-from simpipe.tables import markdown_table
 
 FORMATS = {"agents": "{:,}", "distinct_prompts": "{:,}", "sharing_factor": "{:,.1f}",
            "model_calls": "{:,}", "wall_s": "{:.1f}", "agents_per_s": "{:,.1f}",

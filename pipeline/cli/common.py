@@ -1,7 +1,7 @@
 """What every ``simpipe`` command shares: errors as one-line messages with their exit
 status, the ``--set`` option, and config loading with it.
 
-A command raises ``simpipe.errors.SimpipeError`` (or a subclass) for anything the user can
+A command raises ``simpipe.core.errors.SimpipeError`` (or a subclass) for anything the user can
 fix; ``SimpipeGroup`` catches it once for every command and prints it, never a traceback.
 Light on purpose (click only): ``simpipe --help`` imports it.
 """
@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from simpipe.errors import SimpipeError
+from simpipe.core.errors import SimpipeError
 
 if TYPE_CHECKING:
-    from simpipe.config import Config
+    from simpipe.config.model import Config
 
 
 class SimpipeGroup(click.Group):
@@ -39,6 +39,6 @@ set_option = click.option(
 
 def load(config_path: str, overrides: tuple[str, ...] | list[str]) -> Config:
     """CONFIG with its ``--set`` overrides applied; ConfigError (exit 2) naming the problem."""
-    from simpipe.config import load_config  # pydantic: not for --help
+    from simpipe.config.model import load_config  # pydantic: not for --help
 
     return load_config(config_path, list(overrides))

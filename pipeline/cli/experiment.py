@@ -8,7 +8,7 @@ import shlex
 import click
 
 from simpipe.cli.common import set_option
-from simpipe.errors import RunInterrupted
+from simpipe.core.errors import RunInterrupted
 
 
 @click.command("experiment")

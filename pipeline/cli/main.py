@@ -1,6 +1,6 @@
 """The ``simpipe`` command: a thin layer over the Python API.
 
-Errors the user can fix are ``simpipe.errors.SimpipeError``s, printed by the group as one
+Errors the user can fix are ``simpipe.core.errors.SimpipeError``s, printed by the group as one
 line per problem with their exit status (``simpipe.cli.common``); nothing here prints a
 traceback for a mistake the user can fix.
 
@@ -17,7 +17,7 @@ from typing import Any
 import click
 
 from simpipe.cli.common import SimpipeGroup, load, set_option
-from simpipe.errors import AnswersFailed, RunInterrupted, RunTerminated, SimpipeError
+from simpipe.core.errors import AnswersFailed, RunInterrupted, RunTerminated, SimpipeError
 
 
 @click.group(cls=SimpipeGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -74,7 +74,7 @@ def validate(config_path: str, overrides: tuple[str, ...]) -> None:
     """Check CONFIG and print the resolved settings: game, prompt options, back-end and
     model, population, cluster, and agent 0's round-1 prompt as an example."""
     from simpipe.cli.settings import resolved_settings
-    from simpipe.population_mix import backend_summary
+    from simpipe.config.population_mix import backend_summary
 
     config = load(config_path, overrides)
     click.echo(f"ok: {config_path}  (results hash {config.results_hash()}, "
@@ -129,7 +129,7 @@ def show(run_dir: str, agent_id: int | None, round_number: int) -> None:
         return
     if round_number != 1:
         raise SimpipeError("--round goes with --prompt AGENT_ID: the summary shows every round")
-    from simpipe.records import CorruptFile
+    from simpipe.core.records import CorruptFile
     from simpipe.store.integrity import RESUME_REPAIRS
     from simpipe.store.layout import RunPaths
     from simpipe.store.results import read_ledger, read_summary

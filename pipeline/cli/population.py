@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from simpipe.errors import SimpipeError
+from simpipe.core.errors import SimpipeError
 from simpipe.store.layout import SPEC_FILE
 
 
@@ -33,9 +33,9 @@ def population_show(directory: str, samples: int) -> None:
     import numpy as np  # keep `simpipe --help` light
     import pandas as pd
 
+    from simpipe.core.records import CorruptFile
     from simpipe.personas.checks import attribute_report
     from simpipe.personas.config import ConditionalAttribute, PopulationConfig
-    from simpipe.records import CorruptFile
     from simpipe.run.population import read_population_spec
 
     pop_dir = _population_dir(Path(directory))

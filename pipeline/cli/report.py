@@ -22,8 +22,8 @@ def report_command(run_dirs: tuple[str, ...], out: str | None, by: tuple[str, ..
     Writes OUT/report.html (self-contained), OUT/figures/*.png and OUT/tables/*.csv, and
     prints the tables. Several runs are compared side by side.
     """
+    from simpipe.core.tables import markdown_table
     from simpipe.report.build import FORMATS, build_report
-    from simpipe.tables import markdown_table
 
     report = build_report(run_dirs, out, by)  # a bad input: ReportInputError, a SimpipeError
     if not quiet:

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from simpipe.config import AgentsConfig, Config
+from simpipe.config.model import AgentsConfig, Config
+from simpipe.config.population_mix import groups as mix_groups
+from simpipe.config.population_mix import mix_attribute, resolve
 from simpipe.games.beauty_contest.prompts import prompt_label
 from simpipe.games.config import BeautyContestConfig
 from simpipe.games.registry import game_for
 from simpipe.personas.sampling import sample_partition
 from simpipe.personas.templates import render_template
-from simpipe.population_mix import groups as mix_groups
-from simpipe.population_mix import mix_attribute, resolve
 from simpipe.run.agent_prompt import PromptUnavailable, example_prompt
 
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "max_tokens", "cot_max_tokens",

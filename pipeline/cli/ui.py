@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from simpipe.errors import SimpipeError
+from simpipe.core.errors import SimpipeError
 
 
 @click.command("ui")

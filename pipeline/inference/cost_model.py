@@ -5,7 +5,7 @@ its prompt tokens that were not served from the server's prefix cache, times
 ``prefill_s_per_token``, plus its generated tokens (all samples), times
 ``decode_s_per_token`` (a decode step's time divided by the sequences it serves), plus a
 fixed ``request_s``. The emulated servers charge exactly this for every request they finish
-(``simpipe.servers.emulator_model``: their ``work_s``, which ``simpipe.estimate`` reports per
+(``simpipe.servers.emulator_model``: their ``work_s``, which ``simpipe.run.estimate`` reports per
 round as the fleet's GPU time), and the round plan prices its choices with it
 (``simpipe.answers.planner``), so what the plan predicts and what the emulated fleet
 charges are one function: ``request_s``.

@@ -1,5 +1,5 @@
 """Config sections of the LLM back-ends: ``[agents.llamacpp]``, ``[agents.tgi]``,
-``[agents.openai]``. Parsed once by ``simpipe.config``; the only file read here is the
+``[agents.openai]``. Parsed once by ``simpipe.config.model``; the only file read here is the
 first bytes of ``model_path`` (``model_file_problem``).
 
 Every integer that reaches the engine or a request has an upper bound a real model or

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from simpipe.core.tables import markdown_table
 from simpipe.games import validity
 from simpipe.report import cot
 from simpipe.report import figures as fig
@@ -16,7 +17,6 @@ from simpipe.report.experiment import comparison, load_experiment_runs
 from simpipe.report.html import title, write_html
 from simpipe.report.load import ReportInputError, RunData, load_runs, slug
 from simpipe.store.experiment import is_experiment_dir
-from simpipe.tables import markdown_table
 
 FLOAT2 = "{:.2f}"
 NOT_SHOWN = "not shown to the agents"

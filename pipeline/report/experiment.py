@@ -27,8 +27,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from simpipe.core.records import CorruptFile
 from simpipe.games import validity
-from simpipe.records import CorruptFile
 from simpipe.report import figures as fig
 from simpipe.report import tables as tab
 from simpipe.report.contents import FigureItem, TableSection

@@ -8,9 +8,9 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
 
+from simpipe.core.tables import format_cell
 from simpipe.games.validity import source_label
 from simpipe.report.contents import FigureItem, Report, TableSection
-from simpipe.tables import format_cell
 
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2rem auto; max-width: 70rem; padding: 0 1rem;

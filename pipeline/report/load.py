@@ -10,13 +10,13 @@ from pathlib import Path
 import pandas as pd
 import pyarrow.parquet as pq
 
-from simpipe import population_mix as mix
-from simpipe.backends import BACKENDS, DEFAULT_BACKEND
-from simpipe.errors import SimpipeError
+from simpipe.config.backends import BACKENDS, DEFAULT_BACKEND
+from simpipe.config import population_mix as mix
+from simpipe.core.errors import SimpipeError
+from simpipe.core.records import CorruptFile
 from simpipe.games.base import Game
 from simpipe.games.validity import SYNTHETIC
 from simpipe.personas.config import PopulationConfig
-from simpipe.records import CorruptFile
 from simpipe.store.integrity import RESUME_REPAIRS, check_part, read_summary, round_problems
 from simpipe.store.layout import RunPaths
 from simpipe.store.record import RunRecord

@@ -22,16 +22,16 @@ import numpy as np
 import pandas as pd
 from pydantic import ValidationError
 
-from simpipe import population_mix as mix
 from simpipe.agents.base import Turn
 from simpipe.agents.llm import render_prompts
-from simpipe.backends import BACKENDS
-from simpipe.config import AgentsConfig, Config
-from simpipe.errors import SimpipeError
+from simpipe.config import population_mix as mix
+from simpipe.config.backends import BACKENDS
+from simpipe.config.model import AgentsConfig, Config
+from simpipe.core.errors import SimpipeError
+from simpipe.core.records import CorruptFile
 from simpipe.games.base import Game
 from simpipe.games.groups import assign_groups
 from simpipe.games.registry import game_for
-from simpipe.records import CorruptFile
 from simpipe.store.integrity import RESUME_REPAIRS, check_part, read_part, read_summary
 from simpipe.store.layout import RunPaths
 from simpipe.store.record import RunRecord, read_ledger

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from simpipe.cluster.batch import BatchOptions, batch_script
 from simpipe.cluster.slurm import require_slurm
-from simpipe.config import Config, ConfigError, run_job_log_dir
+from simpipe.config.model import Config, ConfigError, run_job_log_dir
 from simpipe.run.console import Console
 from simpipe.run.executor import BatchExecutor
 from simpipe.run.simulation import RunResult, run_simulation

@@ -28,12 +28,12 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
-from simpipe.backends import BACKENDS, endpoint_backends
 from simpipe.cluster import slurm
 from simpipe.cluster.config import ServersConfig, memory_mib
 from simpipe.cluster.server_kinds import SERVER_KINDS
-from simpipe.config import Config, config_from_dict
-from simpipe.errors import SimpipeError
+from simpipe.config.backends import BACKENDS, endpoint_backends
+from simpipe.config.model import Config, config_from_dict
+from simpipe.core.errors import SimpipeError
 from simpipe.inference.http.endpoints import is_local
 
 LOOPBACK = "127.0.0.1"

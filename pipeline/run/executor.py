@@ -38,7 +38,6 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from simpipe.backends import BACKENDS
 from simpipe.cluster import servers as srv
 from simpipe.cluster import slurm
 from simpipe.cluster.config import AddressClusterConfig, ServersConfig, SlurmClusterConfig
@@ -46,8 +45,9 @@ from simpipe.cluster.kinds import CLUSTER_KINDS
 from simpipe.cluster.plugin import Workers
 from simpipe.cluster.servers import ServerError
 from simpipe.cluster.state import StateError, read_section, read_state, run_target
-from simpipe.config import ClusterConfig, Config, ConfigError
-from simpipe.errors import SimpipeError
+from simpipe.config.backends import BACKENDS
+from simpipe.config.model import ClusterConfig, Config, ConfigError
+from simpipe.core.errors import SimpipeError
 from simpipe.run.emulate import SUFFIX, Site, emulate_config, probe_site
 
 if TYPE_CHECKING:  # distributed is imported when a client is made: `simpipe validate` is light

@@ -1,6 +1,6 @@
 """``simpipe experiment CONFIG``: a grid of runs on one cluster.
 
-A config with an ``[experiment]`` table (``simpipe.config.ExperimentSection``) is the base
+A config with an ``[experiment]`` table (``simpipe.config.model.ExperimentSection``) is the base
 of every cell; the cartesian product of its ``grid`` gives the cells, each one run folder
 ``<run.output_dir>/<experiment>/<cell>/`` named from its grid values, and
 ``experiment.json`` beside them lists the cells, their values and states
@@ -36,7 +36,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from simpipe.config import (
+from simpipe.config.model import (
     DIR_NAME,
     Config,
     ConfigError,
@@ -46,9 +46,9 @@ from simpipe.config import (
     set_key,
     shown,
 )
-from simpipe.errors import SimpipeError
+from simpipe.core.errors import SimpipeError
+from simpipe.core.records import CorruptFile
 from simpipe.games import validity
-from simpipe.records import CorruptFile
 from simpipe.run.console import LOGGER, Console
 from simpipe.run.executor import Executor, executor_for
 from simpipe.run.quiet_teardown import QuietTeardown
@@ -234,7 +234,7 @@ def _problem_lines(problems: dict[str, list[str]], source: str) -> list[str]:
 def _cell_dict(base: dict[str, Any], values: dict[str, Any],
                run: dict[str, str]) -> dict[str, Any]:
     """The base config with a cell's grid values and its run name and folder. Each grid
-    value is set as ``--set`` sets it (``simpipe.config.set_key``); ConfigError naming the
+    value is set as ``--set`` sets it (``simpipe.config.model.set_key``); ConfigError naming the
     grid key where one cannot be."""
     raw = copy.deepcopy(base)
     for key, value in values.items():

@@ -27,7 +27,7 @@ from simpipe.cluster.state import (
     worker_job_name,
     write_section,
 )
-from simpipe.config import Config, run_job_log_dir
+from simpipe.config.model import Config, run_job_log_dir
 from simpipe.run.executor import emulated
 
 

@@ -27,8 +27,8 @@ from simpipe.cluster.state import (
     update_state,
     worker_job_name,
 )
-from simpipe.config import Config
-from simpipe.errors import SimpipeError
+from simpipe.config.model import Config
+from simpipe.core.errors import SimpipeError
 from simpipe.run.executor import Executor
 
 REFRESH_S = 2.0

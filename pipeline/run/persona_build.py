@@ -21,8 +21,8 @@ import pyarrow as pa
 
 from simpipe.agents.llm import agent_seeds
 from simpipe.agents.registry import EngineFactory, process_backend
-from simpipe.aio import run_async
-from simpipe.config import AgentsConfig
+from simpipe.config.model import AgentsConfig
+from simpipe.core.aio import run_async
 from simpipe.inference.base import GenerationRequest
 from simpipe.personas import meta_prompt
 from simpipe.personas.config import PopulationConfig

@@ -30,7 +30,7 @@ from simpipe.answers.round_plan import (
     texts_of,
 )
 from simpipe.answers.shared import Lookup, prompt_key
-from simpipe.config import AgentsConfig, Config
+from simpipe.config.model import AgentsConfig, Config
 from simpipe.games.base import Game
 from simpipe.games.registry import game_for
 from simpipe.inference.types import ChainSettings

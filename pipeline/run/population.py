@@ -22,17 +22,17 @@ from distributed import Client, as_completed
 from pydantic import Field
 
 from simpipe.agents.registry import close_engines_on_shutdown
-from simpipe.config import AgentsConfig, Config
-from simpipe.files import (
+from simpipe.config.model import AgentsConfig, Config
+from simpipe.core.files import (
     move_aside,
     remove_stale_temps,
     write_json_atomic,
     write_parquet_atomic,
 )
+from simpipe.core.records import CorruptFile, StrictRecord, read_json_model
 from simpipe.personas.config import MAX_PARTITIONS, MAX_POPULATION, PopulationConfig
 from simpipe.personas.meta_prompt import prompt_hash
 from simpipe.personas.sampling import partition_bounds, sample_partition
-from simpipe.records import CorruptFile, StrictRecord, read_json_model
 from simpipe.run.console import Console
 from simpipe.run.persona_build import BackendFactory, PersonaStats, add_personas
 from simpipe.store.integrity import check_part

@@ -21,14 +21,14 @@ import pyarrow as pa
 from simpipe.agents.base import DecisionStats, Turn
 from simpipe.agents.mix import decide_mixed, partition_counts
 from simpipe.agents.progress import report_agents, reporting
-from simpipe.aio import gc_paused
-from simpipe.config import AgentsConfig, Config
-from simpipe.files import move_aside, write_parquet_atomic
+from simpipe.config.model import AgentsConfig, Config
+from simpipe.core.aio import gc_paused
+from simpipe.core.files import move_aside, write_parquet_atomic
+from simpipe.core.records import CorruptFile
 from simpipe.games.base import Game
 from simpipe.games.partials import Partial
 from simpipe.games.registry import game_for
 from simpipe.personas.sampling import partition_bounds
-from simpipe.records import CorruptFile
 from simpipe.store.integrity import read_part
 from simpipe.store.layout import RunPaths
 

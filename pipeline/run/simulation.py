@@ -34,17 +34,17 @@ from simpipe.answers.capabilities import backend_supports_distributions, prompt_
 from simpipe.answers.planner import record_spent
 from simpipe.answers.round_plan import plans_rounds
 from simpipe.answers.shared import sharing_refusal
-from simpipe.config import AgentsConfig, Config
-from simpipe.errors import EXIT_CANCELLED, SimpipeError
-from simpipe.estimate import report_estimate
-from simpipe.files import move_aside, remove_stale_temps, write_parquet_atomic
+from simpipe.config.model import AgentsConfig, Config
+from simpipe.config.population_mix import llm_groups, mix_attribute, uses_llm
+from simpipe.core.errors import EXIT_CANCELLED, SimpipeError
+from simpipe.core.files import move_aside, remove_stale_temps, write_parquet_atomic
+from simpipe.core.records import CorruptFile
 from simpipe.games.base import Game
 from simpipe.games.groups import assign_groups
 from simpipe.games.registry import game_for
 from simpipe.personas.sampling import partition_bounds
-from simpipe.population_mix import llm_groups, mix_attribute, uses_llm
-from simpipe.records import CorruptFile
 from simpipe.run.console import Console
+from simpipe.run.estimate import report_estimate
 from simpipe.run.executor import Executor, OwnClientExecutor, executor_for
 from simpipe.run.planned_round import plan_round
 from simpipe.run.population import ensure_population

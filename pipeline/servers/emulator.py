@@ -44,7 +44,7 @@ from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any, Self
 
-from simpipe import aio
+from simpipe.core import aio
 from simpipe.servers import contract as contract
 from simpipe.servers import synthetic_tokens
 from simpipe.servers.emulator_model import GpuScheduler, Series, prefix_blocks

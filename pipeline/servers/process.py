@@ -19,7 +19,7 @@ import threading
 from collections.abc import Sequence
 from typing import IO, Self
 
-from simpipe.errors import SimpipeError
+from simpipe.core.errors import SimpipeError
 
 
 class ServerStartError(SimpipeError, RuntimeError):

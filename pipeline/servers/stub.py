@@ -27,7 +27,7 @@ from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any, Self
 
-from simpipe import aio
+from simpipe.core import aio
 from simpipe.servers import contract as contract
 from simpipe.servers.http import HttpRequest, HttpResponse, HttpServer
 from simpipe.servers.process import ServerProcess

@@ -4,7 +4,7 @@
 folder, beside one run folder per cell; ``simpipe report EXPERIMENT_DIR`` reads it to know
 the cells, the factor values of each and which are finished. Like ``run.json`` it is
 untrusted when read back: a regular file of bounded size whose fields have the types
-simpipe writes (``simpipe.records.read_json_model``).
+simpipe writes (``simpipe.core.records.read_json_model``).
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from typing import Any
 
 from pydantic import ConfigDict, Field
 
-from simpipe.files import write_json_atomic
-from simpipe.records import StrictRecord, read_json_model
+from simpipe.core.files import write_json_atomic
+from simpipe.core.records import StrictRecord, read_json_model
 from simpipe.store.states import CellState, RunState, StoredCellState, StoredRunState
 
 EXPERIMENT_FILE = "experiment.json"

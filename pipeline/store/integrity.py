@@ -20,7 +20,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from simpipe.records import CorruptFile, error_reason
+from simpipe.core.records import CorruptFile, error_reason
 from simpipe.store.layout import RunPaths, numbered_from_one
 
 AgentRange = tuple[int, int]  # [start, stop) of one partition's agent ids

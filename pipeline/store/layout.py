@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from simpipe.files import TEMP_SUFFIX
+from simpipe.core.files import TEMP_SUFFIX
 
 if TYPE_CHECKING:  # the CLI imports this module to name files: pandas is loaded where used
     import pandas as pd

@@ -15,12 +15,12 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from simpipe.config import Config
-from simpipe.errors import SimpipeError
-from simpipe.files import write_json_atomic
+from simpipe.config.model import Config
+from simpipe.config.population_mix import llm_groups
+from simpipe.core.errors import SimpipeError
+from simpipe.core.files import write_json_atomic
+from simpipe.core.records import CorruptFile, StrictRecord, read_json_record
 from simpipe.games.validity import MODEL, RULE_BASED, SYNTHETIC
-from simpipe.population_mix import llm_groups
-from simpipe.records import CorruptFile, StrictRecord, read_json_record
 from simpipe.store.layout import LAYOUT, RunPaths, is_run_entry, layout_on_resume
 from simpipe.store.owner import owner_problem, this_process
 from simpipe.store.record import MAX_LEDGER_BYTES, Progress, RunRecord, read_ledger
@@ -154,7 +154,7 @@ class Ledger:
         self.save()
 
     def set_estimate(self, estimate: dict[str, Any]) -> None:
-        """The dry run's estimate of the real run (``simpipe.estimate``)."""
+        """The dry run's estimate of the real run (``simpipe.run.estimate``)."""
         self._update(estimate=estimate)
         self.save()
 

@@ -23,11 +23,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
-from simpipe.games.base import Game
-from simpipe.games.registry import game_from_dict
-from simpipe.personas.config import MAX_PARTITIONS, MAX_POPULATION
-from simpipe.personas.sampling import partition_bounds
-from simpipe.records import (
+from simpipe.core.records import (
     CorruptFile,
     NonNegative,
     ProcessId,
@@ -35,6 +31,10 @@ from simpipe.records import (
     first_error,
     read_json_model,
 )
+from simpipe.games.base import Game
+from simpipe.games.registry import game_from_dict
+from simpipe.personas.config import MAX_PARTITIONS, MAX_POPULATION
+from simpipe.personas.sampling import partition_bounds
 from simpipe.store.integrity import AgentRange
 from simpipe.store.layout import GAME_NUMBERS_NESTED, RunPaths, first_round
 from simpipe.store.round_record import RoundRecord, lift_flat_game_numbers
@@ -76,7 +76,7 @@ class Progress(_Record):
 
 class ConfigSections(_Record):
     """The resolved config as written; only its shape: the sections' own rules belong to
-    ``simpipe.config`` (an old run's config need not validate under this version)."""
+    ``simpipe.config.model`` (an old run's config need not validate under this version)."""
 
     run: dict[str, Any] | None = None
     population: dict[str, Any] | None = None

@@ -1,7 +1,7 @@
 """Reading a run's results back (the public layout, with pandas).
 
 ``read_summary`` and ``read_ledger`` check what they read: a corrupt file raises
-``simpipe.records.CorruptFile`` (a ValueError) naming it. ``read_ledger`` gives
+``simpipe.core.records.CorruptFile`` (a ValueError) naming it. ``read_ledger`` gives
 ``run.json`` as a typed ``RunRecord`` (``simpipe.store.record``).
 """
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic import ConfigDict
 
-from simpipe.records import NonNegative, StrictRecord
+from simpipe.core.records import NonNegative, StrictRecord
 
 
 class _ClosedRecord(StrictRecord):

@@ -24,7 +24,7 @@ from simpipe.cluster.state import (
     pid_alive,
     read_state_file,
 )
-from simpipe.records import CorruptFile
+from simpipe.core.records import CorruptFile
 from simpipe.run import lifecycle
 from simpipe.ui.runs import BROKEN
 from simpipe.ui.security import OutsideRoot, UnsafeName, contained, http_url, safe_child

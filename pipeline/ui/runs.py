@@ -27,9 +27,9 @@ import numpy as np
 import pandas as pd
 
 from simpipe.cluster.state import pid_alive
+from simpipe.core.records import CorruptFile
 from simpipe.games import validity
 from simpipe.games.base import Game
-from simpipe.records import CorruptFile
 from simpipe.store.integrity import RESUME_REPAIRS, read_part, read_summary
 from simpipe.store.layout import RunPaths
 from simpipe.store.record import RunRecord, read_ledger

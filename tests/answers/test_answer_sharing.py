@@ -18,7 +18,7 @@ from scipy import stats
 
 from simpipe.agents.llm import prompting, requests_for
 from simpipe.answers.shared import SharedAnswers, step_uniforms
-from simpipe.config import config_from_dict
+from simpipe.config.model import config_from_dict
 from simpipe.games.beauty_contest.prompts import HistoryItem
 from simpipe.games.parsing import parse_many
 from simpipe.games.registry import game_for

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from simpipe.agents.llm import LLMAgents
-from simpipe.config import config_from_dict
+from simpipe.config.model import config_from_dict
 from simpipe.games.base import Turn
 from simpipe.games.registry import game_for
 from simpipe.inference.llamacpp.backend import LlamaCppBackend

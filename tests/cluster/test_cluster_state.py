@@ -21,7 +21,7 @@ from simpipe.cluster.state import (
     write_section,
     write_state,
 )
-from simpipe.home import simpipe_home
+from simpipe.core.home import simpipe_home
 from simpipe.run.executor import ClusterExecutor
 
 from support import small_config

@@ -11,7 +11,7 @@ import pytest
 
 from simpipe.cluster.servers import server_command, server_job_script
 from simpipe.cluster.slurm import Partition
-from simpipe.config import ConfigError, load_config
+from simpipe.config.model import ConfigError, load_config
 from simpipe.run.emulate import EmulateError, Site, emulate_config, probe_site
 from simpipe.servers.emulator import READY_LINE
 from simpipe.servers.process import ServerProcess

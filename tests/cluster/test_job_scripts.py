@@ -12,7 +12,7 @@ from simpipe.cluster.config import SlurmClusterConfig, memory_mib
 from simpipe.cluster.connect import slurm_cluster_kwargs
 from simpipe.cluster.servers import server_command, server_job_script
 from simpipe.cluster.state import run_target
-from simpipe.config import ConfigError, load_config
+from simpipe.config.model import ConfigError, load_config
 from simpipe.inference.http.endpoints import emulate_node, is_local
 
 from support import one_error_line, simpipe_cli

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from simpipe.config import config_from_dict
+from simpipe.config.model import config_from_dict
 from simpipe.run.simulation import run_simulation
 from simpipe.store.results import read_rounds
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from simpipe.config import config_from_dict
+from simpipe.config.model import config_from_dict
 from simpipe.run.population import build_population
 from simpipe.run.simulation import run_simulation
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import BaseModel, Field, ValidationError
 
-from simpipe.config import config_from_dict
+from simpipe.config.model import config_from_dict
 from simpipe.games.config import (
     BeautyContestConfig,
     GameConfig,

@@ -3,7 +3,7 @@
 import pandas as pd
 import pytest
 
-from simpipe.config import load_config
+from simpipe.config.model import load_config
 from simpipe.run.simulation import run_simulation
 
 from support import REPO

@@ -9,7 +9,7 @@ import cloudpickle
 import pandas as pd
 import pytest
 
-from simpipe.config import ConfigError, config_from_dict
+from simpipe.config.model import ConfigError, config_from_dict
 from simpipe.inference.base import Backend, GenerationRequest, GenerationResult
 from simpipe.run.persona_build import process_request_count
 from simpipe.run.population import ensure_population

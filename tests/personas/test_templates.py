@@ -3,7 +3,7 @@
 import pandas as pd
 import pytest
 
-from simpipe.config import ConfigError, config_from_dict
+from simpipe.config.model import ConfigError, config_from_dict
 from simpipe.personas.config import PopulationConfig
 from simpipe.personas.sampling import sample_partition
 from simpipe.personas.templates import (

@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 from scipy import stats
 
-from simpipe.config import config_from_dict
+from simpipe.config.model import config_from_dict
 from simpipe.games.beauty_contest.reference import load_references
 from simpipe.games.config import BeautyContestConfig, PublicGoodsConfig
 from simpipe.games.registry import game_for

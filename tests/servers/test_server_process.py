@@ -8,7 +8,7 @@ import urllib.request
 
 import pytest
 
-from simpipe.errors import SimpipeError
+from simpipe.core.errors import SimpipeError
 from simpipe.servers.emulator import EmulatorProcess
 from simpipe.servers.process import ServerProcess, ServerStartError
 from simpipe.servers.stub import StubProcess

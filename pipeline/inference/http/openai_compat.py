@@ -45,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from simpipe import aio
+from simpipe.core import aio
 from simpipe.inference.answer_checks import (
     MalformedAnswer,
     checked_answer,

@@ -26,8 +26,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
-from simpipe.errors import SimpipeError
-from simpipe.home import simpipe_home
+from simpipe.core.errors import SimpipeError
+from simpipe.core.home import simpipe_home
 from simpipe.inference.answer_checks import (
     MalformedAnswer,
     answer_text,

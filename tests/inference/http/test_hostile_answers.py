@@ -13,7 +13,7 @@ import logging
 
 import pytest
 
-from simpipe.config import ConfigError
+from simpipe.config.model import ConfigError
 from simpipe.inference.base import GenerationRequest, GenerationResult
 from simpipe.inference.http.openai_compat import OpenAIBackend
 from simpipe.inference.http.tgi import TgiBackend

@@ -23,10 +23,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from simpipe import aio
 from simpipe.agents.llm import LLMAgents
 from simpipe.answers.shared import SharedAnswers, prompt_hash
-from simpipe.config import config_from_dict
+from simpipe.config.model import config_from_dict
+from simpipe.core import aio
 from simpipe.games.answer_format import IntegerAnswers
 from simpipe.games.base import Turn
 from simpipe.games.registry import game_for

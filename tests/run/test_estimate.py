@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from simpipe.estimate import (
+from simpipe.run.estimate import (
     StatsError,
     estimate,
     fetch_stats,

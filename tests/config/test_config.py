@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from simpipe.config import ConfigError, apply_override, load_config
+from simpipe.config.model import ConfigError, apply_override, load_config
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SCRIPTED = REPO / "examples" / "scripted.toml"
 
 

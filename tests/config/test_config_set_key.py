@@ -1,4 +1,4 @@
-"""One rule for setting a dotted key (``simpipe.config.set_key``): ``--set key=value`` and an
+"""One rule for setting a dotted key (``simpipe.config.model.set_key``): ``--set key=value`` and an
 experiment grid's key give the same config from the same inputs; a value where a section is
 expected is refused in both, naming the key (and, for a grid, the file, the cell and the
 grid key); a table merges into the section already there; nothing the file wrote is lost."""
@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from simpipe.config import ConfigError, apply_override, config_from_dict, set_key
+from simpipe.config.model import ConfigError, apply_override, config_from_dict, set_key
 from simpipe.run.experiment import experiment_from_dict
 
 BASE: dict[str, Any] = {

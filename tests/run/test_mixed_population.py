@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from simpipe.config import ConfigError
+from simpipe.config.model import ConfigError
 from simpipe.report.build import build_report
 from simpipe.run.agent_prompt import PromptUnavailable, rebuild_prompt
 from simpipe.run.console import Console

@@ -1,4 +1,4 @@
-"""``simpipe.memory.PeakMemory``: the one RSS sampler of the benchmarks, its peak and its
+"""``simpipe.core.memory.PeakMemory``: the one RSS sampler of the benchmarks, its peak and its
 timeline."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import time
 
-from simpipe.memory import PeakMemory
+from simpipe.core.memory import PeakMemory
 
 
 def test_the_peak_and_the_timeline_see_an_allocation() -> None:

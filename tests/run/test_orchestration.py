@@ -13,7 +13,7 @@ import pytest
 
 import simpipe
 from simpipe.cluster.config import AddressClusterConfig
-from simpipe.errors import SimpipeError
+from simpipe.core.errors import SimpipeError
 from simpipe.run.console import Console
 from simpipe.store.results import read_ledger, read_rounds
 

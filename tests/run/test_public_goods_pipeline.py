@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from simpipe.config import ConfigError
+from simpipe.config.model import ConfigError
 from simpipe.games.public_goods.environment import SUMMARY_COLUMNS
 from simpipe.run.console import Console
 from simpipe.run.simulation import RunCancelled, run_simulation

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from simpipe.errors import IMPORTABLE_EVERYWHERE
+from simpipe.core.errors import IMPORTABLE_EVERYWHERE
 
 from support import REPO, SCRIPTED, one_error_line, simpipe_cli
 
@@ -82,9 +82,9 @@ def test_a_scheduler_by_address_takes_its_own_keys_and_starts_no_server_jobs(
 
 def test_the_error_module_imports_nothing_of_simpipe() -> None:
     """Every package may derive its errors from it without importing the pipeline."""
-    code = ("import sys, json, simpipe.errors; "
+    code = ("import sys, json, simpipe.core.errors; "
             "print(json.dumps(sorted(m for m in sys.modules if m.startswith('simpipe'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=REPO, check=True).stdout
-    assert json.loads(out) == ["simpipe", IMPORTABLE_EVERYWHERE]
-    assert IMPORTABLE_EVERYWHERE == "simpipe.errors"
+    assert json.loads(out) == ["simpipe", "simpipe.core", IMPORTABLE_EVERYWHERE]
+    assert IMPORTABLE_EVERYWHERE == "simpipe.core.errors"

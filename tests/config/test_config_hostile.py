@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from simpipe.config import MAX_CONFIG_BYTES, ConfigError, load_config
+from simpipe.config.model import MAX_CONFIG_BYTES, ConfigError, load_config
 
 from support import SCRIPTED, one_error_line, simpipe_cli
 

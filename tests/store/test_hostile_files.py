@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from simpipe.records import CorruptFile, read_bounded
+from simpipe.core.records import CorruptFile, read_bounded
 from simpipe.run.population import read_population_spec
 from simpipe.store.record import read_ledger
 

@@ -27,7 +27,7 @@ from pydantic import ValidationError
 
 from simpipe.personas.config import PopulationConfig, attribute_labels
 
-#: ``simpipe.config.AgentsConfig`` (not imported: the config imports this module)
+#: ``simpipe.config.model.AgentsConfig`` (not imported: the config imports this module)
 AgentsConfig = Any
 
 BY = "by"

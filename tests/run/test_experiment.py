@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import simpipe
-from simpipe.config import DIR_NAME, ConfigError
+from simpipe.config.model import DIR_NAME, ConfigError
 from simpipe.games.beauty_contest.reference import load_references
 from simpipe.run.console import Console
 from simpipe.run.experiment import (

@@ -13,8 +13,8 @@ import pytest
 from click.testing import CliRunner
 
 from simpipe.cli import main
-from simpipe.config import Config
-from simpipe.records import CorruptFile
+from simpipe.config.model import Config
+from simpipe.core.records import CorruptFile
 from simpipe.run.console import Console
 from simpipe.run.simulation import run_simulation
 from simpipe.store.integrity import check_part

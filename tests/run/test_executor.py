@@ -19,8 +19,8 @@ from simpipe.cluster.config import (
 )
 from simpipe.cluster.slurm import NotSlurm
 from simpipe.cluster.workers import LocalWorkers
-from simpipe.config import ConfigError
-from simpipe.errors import SimpipeError
+from simpipe.config.model import ConfigError
+from simpipe.core.errors import SimpipeError
 from simpipe.run.batch_task import write_batch_script
 from simpipe.run.console import Console
 from simpipe.run.executor import ExecutorError, executor_for

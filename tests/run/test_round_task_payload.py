@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from simpipe.agents.llm import prompting
-from simpipe.config import Config, load_config
+from simpipe.config.model import Config, load_config
 from simpipe.games.base import Turn
 from simpipe.games.config import BeautyContestConfig, PublicGoodsConfig
 from simpipe.games.groups import assign_groups
@@ -23,7 +23,7 @@ from simpipe.run.planned_round import plan_chunk
 from simpipe.run.round_task import partition_jobs
 from simpipe.store.layout import RunPaths
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("dumps", [pickle.dumps, cloudpickle.dumps], ids=["pickle", "cloudpickle"])

@@ -1,11 +1,11 @@
 """The config reference, generated from the config models: every section and key with its
 type, allowed values, default and description.
 
-    python -m simpipe.config_docs > docs/config.md
+    python -m simpipe.config.docs > docs/config.md
 
 The models are the one home of what a key means (``Field(description=...)``, and a model's
 docstring for its section), so the reference cannot drift from what ``simpipe validate``
-accepts; ``tests/test_config_docs.py`` fails while ``docs/config.md`` differs from this
+accepts; ``tests/config/test_config_docs.py`` fails while ``docs/config.md`` differs from this
 output. A union of sections keyed on ``kind`` is rendered once per kind.
 """
 
@@ -23,7 +23,7 @@ from pydantic.fields import FieldInfo
 from pydantic.types import AllowInfNan
 from pydantic_core import PydanticUndefined
 
-REGENERATE = "python -m simpipe.config_docs > docs/config.md"
+REGENERATE = "python -m simpipe.config.docs > docs/config.md"
 _HEADER = (
     "<!-- Generated from the config models by `{command}`. Edit the models' "
     "descriptions, not this file. -->"
@@ -34,7 +34,7 @@ _KIND_ROW = "selects this kind: the keys below belong to it"
 
 
 def config_reference(root: type[BaseModel] | None = None, title: str = "Config reference") -> str:
-    """The Markdown reference of ``root`` (default: the whole ``simpipe.config.Config``)."""
+    """The Markdown reference of ``root`` (default: the whole ``simpipe.config.model.Config``)."""
     root = _whole_config(root)
     lines = [f"# {title}", "", _HEADER.format(command=REGENERATE), ""]
     intro = _docstring(root)
@@ -315,7 +315,7 @@ def _whole_config(root: type[BaseModel] | None) -> type[BaseModel]:
         return root
     # Imported here: the whole config imports every package's section; the helpers of this
     # module (and its tests' small models) need none of them.
-    from simpipe.config import Config
+    from simpipe.config.model import Config
 
     return Config
 

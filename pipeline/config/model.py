@@ -40,7 +40,10 @@ from pydantic import (
     model_validator,
 )
 
-from simpipe.backends import (
+from simpipe.cluster.config import LocalClusterConfig
+from simpipe.cluster.kinds import DEFAULT_KIND as CLUSTER_DEFAULT_KIND
+from simpipe.cluster.kinds import KIND_ERROR, settings_union
+from simpipe.config.backends import (
     BACKENDS,
     DEFAULT_BACKEND,
     DEFAULT_PERSONA_BACKEND,
@@ -49,10 +52,7 @@ from simpipe.backends import (
     endpoint_backends,
     llm_backends,
 )
-from simpipe.cluster.config import LocalClusterConfig
-from simpipe.cluster.kinds import DEFAULT_KIND as CLUSTER_DEFAULT_KIND
-from simpipe.cluster.kinds import KIND_ERROR, settings_union
-from simpipe.errors import SimpipeError
+from simpipe.core.errors import SimpipeError
 from simpipe.games.config import DEFAULT_KIND as GAME_DEFAULT_KIND
 from simpipe.games.config import AnyGameConfig, BeautyContestConfig, GameConfig
 from simpipe.games.registry import game_for
@@ -241,14 +241,14 @@ class _Agents(SamplingSettings):
 
     @model_validator(mode="after")
     def _mix_shape(self) -> _Agents:
-        from simpipe.population_mix import check_shape  # it reads this module's AgentsConfig
+        from simpipe.config.population_mix import check_shape  # it reads this module's AgentsConfig
 
         check_shape(self)  # type: ignore[arg-type]
         return self
 
     @property
     def plugin(self) -> BackendPlugin:
-        """The chosen back-end's entry in ``simpipe.backends.BACKENDS``."""
+        """The chosen back-end's entry in ``simpipe.config.backends.BACKENDS``."""
         return BACKENDS[self.backend]
 
     @property
@@ -263,7 +263,7 @@ class _Agents(SamplingSettings):
 
 
 #: ``[agents]``: sampling, answer sharing, the back-end's name, and one table per back-end
-#: of ``simpipe.backends.BACKENDS`` (``agents.scripted``, ``agents.llamacpp``, ...).
+#: of ``simpipe.config.backends.BACKENDS`` (``agents.scripted``, ``agents.llamacpp``, ...).
 AgentsConfig = create_model(
     "AgentsConfig", __base__=_Agents, __module__=__name__,
     **{name: (plugin.settings, plugin.settings()) for name, plugin in BACKENDS.items()},
@@ -272,7 +272,7 @@ AgentsConfig = create_model(
 
 def _mix_fits_population(agents: Any, info: ValidationInfo) -> Any:
     """``agents.by`` names a categorical attribute of ``[population]`` and maps each value."""
-    from simpipe.population_mix import check_population  # see _Agents._mix_shape
+    from simpipe.config.population_mix import check_population  # see _Agents._mix_shape
 
     population = info.data.get("population")
     if population is not None:
@@ -387,7 +387,7 @@ class Config(_Section):
             # Servers may move between a run and its --resume (a new `cluster up`).
             "agents": dict.fromkeys(endpoint_backends(), {"endpoints"}),
         })
-        from simpipe.population_mix import hash_view  # see _Agents._mix_shape
+        from simpipe.config.population_mix import hash_view  # see _Agents._mix_shape
 
         hash_view(data["agents"], endpoint_backends())
         if data["agents"].get("cost") == CostSettings().model_dump(mode="json"):
@@ -734,7 +734,7 @@ def _error_lines(exc: ValidationError, raw: dict) -> list[str]:
         # Validators may quote the value: the message is cut too.
         msg = _cut(err["msg"].removeprefix("Value error, "), _MESSAGE_CHARS)
         if full_key == "agents" and msg.startswith("agents.by"):
-            lines.append(msg)  # the mix's checks name the whole key (simpipe.population_mix)
+            lines.append(msg)  # the mix's checks name the whole key (simpipe.config.population_mix)
             continue
         if err["type"] == "extra_forbidden":
             section = _walk(err["loc"][:-1])[2]

@@ -17,10 +17,10 @@ from simpipe.agents.registry import (
     process_backend,
     process_engines,
 )
-from simpipe.aio import run_async
 from simpipe.answers.capabilities import prompt_style
-from simpipe.backends import BACKENDS, llm_backends
-from simpipe.config import ConfigError, config_from_dict
+from simpipe.config.backends import BACKENDS, llm_backends
+from simpipe.config.model import ConfigError, config_from_dict
+from simpipe.core.aio import run_async
 from simpipe.inference.base import Backend, GenerationRequest
 from simpipe.run.console import Console
 from simpipe.run.simulation import run_simulation

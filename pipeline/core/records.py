@@ -18,7 +18,7 @@ from typing import Annotated, Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from simpipe.errors import SimpipeError
+from simpipe.core.errors import SimpipeError
 
 M = TypeVar("M", bound=BaseModel)
 

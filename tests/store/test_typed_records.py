@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from simpipe.records import CorruptFile
+from simpipe.core.records import CorruptFile
 from simpipe.report.build import build_report
 from simpipe.run.console import Console
 from simpipe.run.simulation import RunCancelled, run_simulation
@@ -27,7 +27,7 @@ from simpipe.ui.runs import RunFiles, list_runs, run_detail
 
 from support import cancel_after_first_round, one_error_line, simpipe_cli, small_config
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parents[1] / "data"
 PREVIOUS = DATA / "run_json_previous.json"  # layout 1: rounds from 0, no layout field
 LAYOUT_2 = DATA / "run_json_layout2_public_goods.json"  # game numbers beside the fields
 QUIET = Console(quiet=True)

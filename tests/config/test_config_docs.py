@@ -11,9 +11,9 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, FiniteFloat, StrictInt
 
-from simpipe.config_docs import REGENERATE, config_reference, undescribed_keys
+from simpipe.config.docs import REGENERATE, config_reference, undescribed_keys
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CONFIG_MD = ROOT / "docs" / "config.md"
 
 
@@ -35,7 +35,7 @@ def test_every_config_key_has_a_description():
 
 
 def test_the_documented_command_prints_the_reference():
-    out = subprocess.run([sys.executable, "-m", "simpipe.config_docs"], capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "simpipe.config.docs"], capture_output=True,
                          text=True, check=True, cwd=ROOT).stdout
     assert out == config_reference()
 

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from simpipe.tables import markdown_table
+from simpipe.core.tables import markdown_table
 
 if TYPE_CHECKING:  # only the annotation: the dry run's maths stays free of the run's files
     from simpipe.store.record import RunRecord

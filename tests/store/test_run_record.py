@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 import simpipe
-from simpipe.records import CorruptFile
+from simpipe.core.records import CorruptFile
 from simpipe.run.console import Console
 from simpipe.run.simulation import run_simulation
 from simpipe.store.layout import RunPaths
@@ -23,7 +23,7 @@ from simpipe.store.states import RunState
 
 from support import one_error_line, simpipe_cli, small_config
 
-PREVIOUS = Path(__file__).parent / "data" / "run_json_previous.json"
+PREVIOUS = Path(__file__).parents[1] / "data" / "run_json_previous.json"
 QUIET = Console(quiet=True)
 
 

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from simpipe.agents.llm import agent_seeds
-from simpipe.config import SEED_MAX, load_config
+from simpipe.config.model import SEED_MAX, load_config
 from simpipe.personas.config import MAX_PARTITION_AGENTS, MAX_POPULATION
 from simpipe.personas.sampling import exact_partition_counts, largest_remainder, partition_bounds
 

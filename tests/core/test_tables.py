@@ -1,12 +1,12 @@
-"""Table cells (``simpipe.tables``): the one formatter behind the benchmarks' and reports'
+"""Table cells (``simpipe.core.tables``): the one formatter behind the benchmarks' and reports'
 Markdown tables and the cells of report.html."""
 
 from __future__ import annotations
 
 import math
 
+from simpipe.core.tables import format_cell, markdown_table
 from simpipe.report import html as report_html
-from simpipe.tables import format_cell, markdown_table
 
 
 def test_a_cell_is_blank_when_missing_formatted_when_a_number_and_text_as_written() -> None:
