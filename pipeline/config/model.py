@@ -308,7 +308,9 @@ class Config(_Section):
     (``population.attributes``, an attribute's ``values``, ``agents.by``: a dotted key adds
     one, ``--set population.attributes.education.values.PhD=1``), and in ``[cluster]`` and
     ``[game]``, whose keys depend on their ``kind``, where it names another kind (the old
-    kind's keys would not belong to the new one). Any other value replaces what was there.
+    kind's keys would not belong to the new one); so too where it gives a section another
+    shape (an attribute's ``values`` for ``min`` and ``max``). Any other value replaces what
+    was there.
     """
 
     run: RunSection = RunSection()
@@ -619,7 +621,7 @@ def set_key(raw: dict[str, Any], key: str, value: Any, where: str) -> None:
       what the file says without a word.
     - A table value is merged key by key into a section already there (``is_section``),
       tables within it too: the keys it does not name keep their values from the file
-      (``game = { ratio = "1/2" }`` changes the ratio, not the rounds). Two exceptions, where
+      (``game = { ratio = "1/2" }`` changes the ratio, not the rounds). Three exceptions, where
       merging would leave no way to say what a user means:
       * a table of the user's own keys (an attribute's ``values``, ``agents.by``) is
         replaced: merged, no key could ever be dropped from it, while a dotted key still
@@ -628,7 +630,9 @@ def set_key(raw: dict[str, Any], key: str, value: Any, where: str) -> None:
         other than the section's replaces it: their keys depend on the kind, so the old
         kind's keys would be unknown keys of the new one, and ``--set
         'cluster={kind="local"}'`` (what the unknown-key error tells a user to write)
-        could never change the kind.
+        could never change the kind;
+      * likewise in a section of several shapes (an attribute: ``values``, or ``min`` and
+        ``max``), a table that no one shape holds together with the section's keys.
     - Any other value replaces what was there.
 
     ``value`` is copied: the config never shares a table with the caller (a grid's values
@@ -655,8 +659,13 @@ def set_key(raw: dict[str, Any], key: str, value: Any, where: str) -> None:
 def _merge_table(section: dict[str, Any], table: dict[str, Any], path: str) -> None:
     """``table`` set at the config's ``path``, where ``section`` is (``set_key``'s rule)."""
     default = KIND_SECTIONS.get(path)
-    if not is_section(path) or (
-            default is not None and table.get("kind", default) != section.get("kind", default)):
+    models = _models_at(path)
+    other_kind = default is not None and table.get("kind", default) != section.get("kind",
+                                                                                  default)
+    # A section of several shapes (an attribute: values, or min and max, or a condition)
+    # takes the table's shape when no one shape holds both its keys and the table's.
+    one_shape = any(set(section) | set(table) <= set(m.model_fields) for m in models)
+    if not models or other_kind or not one_shape:
         section.clear()
         section.update(copy.deepcopy(table))
         return
@@ -672,6 +681,12 @@ def is_section(key: str) -> bool:
     defines (``game``, ``agents.llamacpp``, ``population.attributes.education``), rather
     than a table of the user's own keys (``population.attributes``, an attribute's
     ``values``, ``agents.by``) or a plain value. Unknown keys are not sections."""
+    return bool(_models_at(key))
+
+
+def _models_at(key: str) -> list[type[BaseModel]]:
+    """The section models the config's dotted ``key`` may hold (several where it is a
+    union: ``[cluster]``'s kinds, an attribute's shapes); none where it is not a section."""
     annotations: list[Any] = [Config]
     for part in key.split("."):
         inside: list[Any] = []
@@ -682,9 +697,9 @@ def is_section(key: str) -> bool:
                 elif get_origin(member) is dict:
                     inside.append(get_args(member)[1])  # any name: the map's value type
         if not inside:
-            return False
+            return []
         annotations = inside
-    return any(_is_model(member) for a in annotations for member in _members(a))
+    return [member for a in annotations for member in _members(a) if _is_model(member)]
 
 
 def _members(annotation: Any) -> list[Any]:

@@ -38,6 +38,8 @@ CASES = [
      {"template": "You hold a {education}."}),
     ("population.attributes.education.values", "{BA=1,MA=3}", {"BA": 1, "MA": 3}),  # replaced
     ("population.attributes.education", "{values={BA=1}}", {"values": {"BA": 1}}),
+    # another shape of attribute (numbers instead of labels): replaced
+    ("population.attributes.education", "{min=1,max=5}", {"min": 1, "max": 5}),
     ("game", '{kind="beauty_contest", rounds=2}', {"kind": "beauty_contest", "rounds": 2}),
     ("game", '{kind="public_goods", rounds=2}', {"kind": "public_goods", "rounds": 2}),
 ]
@@ -100,6 +102,18 @@ def test_a_table_of_another_kind_replaces_the_section() -> None:
     raw = {"game": {"rounds": 3}}
     apply_override(raw, 'game={kind="beauty_contest", ratio="2/3"}')
     assert raw == {"game": {"rounds": 3, "kind": "beauty_contest", "ratio": "2/3"}}
+
+
+def test_a_table_of_another_shape_replaces_the_section() -> None:
+    # An attribute is labels (values) or a range (min, max): no one shape holds both, so
+    # the table's shape wins, as a new kind does; a key of the same shape still merges.
+    education = _by_set("population.attributes.education", "{min=1,max=5}")[
+        "population"]["attributes"]["education"]
+    assert (education["min"], education["max"]) == (1, 5) and not education.get("values")
+    raw = copy.deepcopy(BASE)
+    apply_override(raw, 'game={ratoi="2/3"}')  # a misspelled key is still an error
+    with pytest.raises(ConfigError, match="ratoi"):
+        config_from_dict(raw)
 
 
 def test_nothing_already_written_is_lost() -> None:
