@@ -10,8 +10,8 @@ from pathlib import Path
 import pandas as pd
 import pyarrow.parquet as pq
 
-from simpipe.config.backends import BACKENDS, DEFAULT_BACKEND
 from simpipe.config import population_mix as mix
+from simpipe.config.backends import BACKENDS, DEFAULT_BACKEND
 from simpipe.core.errors import SimpipeError
 from simpipe.core.records import CorruptFile
 from simpipe.games.base import Game

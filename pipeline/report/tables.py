@@ -14,8 +14,8 @@ import numpy as np
 import pandas as pd
 from scipy.special import stdtrit  # the t quantile, without importing all of scipy.stats
 
-from simpipe.config.backends import BACKENDS
 from simpipe.config import population_mix as mix
+from simpipe.config.backends import BACKENDS
 from simpipe.games import validity
 from simpipe.games.base import Game, ReferenceTable
 from simpipe.report.load import RunData
