@@ -95,13 +95,13 @@ def test_the_embedded_models_chain_of_thought_is_flagged_not_ok(dask_client, tmp
     "Final answer:" within its budget. Every answer that used the whole budget is truncated,
     none is ok without the marked number, and the report will not compare the run."""
     config = small_config(tmp_path, run={"name": "gemma-cot"},
-                          population={"size": 16, "partitions": 2},
+                          population={"size": 8, "partitions": 2},
                           game={"prompt": "cot", "rounds": 1},
                           agents={"backend": "llamacpp", "cot_max_tokens": 64,
                                   "llamacpp": {"n_parallel": 8}})
     run_simulation(config, client=dask_client, console=QUIET)
     rows = read_rounds(config.run_dir)
-    assert len(rows) == 16 and rows["status"].isin(["ok", "truncated", "out_of_range"]).all()
+    assert len(rows) == 8 and rows["status"].isin(["ok", "truncated", "out_of_range"]).all()
     assert (rows.loc[rows["tokens_out"] >= 64, "status"] == "truncated").all()
     ok = rows["status"] == "ok"
     assert rows.loc[ok, "raw"].str.contains(r"Final answer: ?\d", regex=True).all()

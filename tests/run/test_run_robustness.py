@@ -24,7 +24,7 @@ output_dir = "results"
 size = 400
 partitions = 4
 [game]
-rounds = 4
+rounds = 2
 [agents]
 backend = "scripted"
 [agents.scripted]
@@ -89,13 +89,13 @@ def test_sigterm_marks_the_run_interrupted_exits_143_and_it_resumes(tmp_path, wh
     assert err.strip().splitlines()[-1] == ("terminated (SIGTERM); resume with: "
                                             "simpipe run c.toml --resume")
     ledger = json.loads((run_dir / "run.json").read_text())
-    assert ledger["state"] == "interrupted" and len(ledger["rounds"]) < 4
+    assert ledger["state"] == "interrupted" and len(ledger["rounds"]) < 2
 
     resumed = simpipe_cli("run", "c.toml", "--resume", cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert json.loads((run_dir / "run.json").read_text())["state"] == "finished"
     rounds = pd.read_parquet(run_dir / "rounds")
-    assert rounds.groupby("round", observed=True)["agent_id"].nunique().tolist() == [400] * 4
+    assert rounds.groupby("round", observed=True)["agent_id"].nunique().tolist() == [400] * 2
 
 
 def test_a_run_whose_every_answer_failed_exits_4_naming_where_the_errors_are(tmp_path):

@@ -139,9 +139,14 @@ def as_layout_2(run_dir: Path) -> None:
 def test_a_layout_2_public_goods_run_shows_reports_and_resumes_into_this_layout(
         tmp_path, dask_client):
     game = {"kind": "public_goods", "rounds": 2}
-    whole = small_config(tmp_path, run={"name": "whole"}, game=game, population=SMALL)
+    # Four partitions on two workers, slow answers: round 2 is still running when the
+    # watcher asks the run to stop, however loaded the machine (a run checks the request
+    # as partitions finish; with two partitions both could finish together).
+    population = {**SMALL, "partitions": 4}
+    whole = small_config(tmp_path, run={"name": "whole"}, game=game, population=population)
     run_simulation(whole, client=dask_client, console=QUIET)
-    config = small_config(tmp_path, run={"name": "old"}, game=game, population=SMALL)
+    config = small_config(tmp_path, run={"name": "old"}, game=game, population=population,
+                          agents={"scripted": {"latency_s": 0.5}})
     cancel_after_first_round(config.run_dir)
     with pytest.raises(RunCancelled):
         run_simulation(config, client=dask_client, console=QUIET)
