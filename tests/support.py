@@ -10,6 +10,8 @@ import time
 from pathlib import Path
 
 from simpipe.config.model import Config, config_from_dict
+from simpipe.run.simulation import RoundObserver
+from simpipe.store.round_record import RoundRecord
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTED = REPO / "examples" / "scripted.toml"
@@ -65,3 +67,17 @@ def cancel_after_first_round(run_dir: Path) -> threading.Thread:
     thread = threading.Thread(target=watch, daemon=True)
     thread.start()
     return thread
+
+
+class CancelAfterFirstRound(RoundObserver):
+    """Pass as ``run_simulation(..., observer=...)``: asks the run to stop (its CANCEL file)
+    the moment round 1 is recorded, so that it stops before round 2 starts, every time. A
+    watching thread (``cancel_after_first_round``) can be late on a loaded machine, and the
+    run then stops inside round 2 or after it."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.flag = run_dir / "CANCEL"
+
+    def round_finished(self, round_index: int, record: RoundRecord) -> None:
+        if round_index == 0:
+            self.flag.touch()

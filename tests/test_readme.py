@@ -187,7 +187,8 @@ def test_ci_may_split_the_command_but_not_drop_or_reorder_a_step():
 
 #: The tests at the top of tests/: checks of the whole repository, not of one package.
 WHOLE_REPO_CHECKS = {"test_import_direction.py", "test_architecture_doc.py", "test_readme.py",
-                     "test_docs_links.py", "test_docs_example.py", "test_registries.py"}
+                     "test_docs_links.py", "test_docs_example.py", "test_registries.py",
+                     "test_suite_workers.py"}
 
 
 def test_tests_mirror_the_packages():

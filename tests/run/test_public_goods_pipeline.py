@@ -15,7 +15,7 @@ from simpipe.servers.stub import StubProcess
 from simpipe.store.layout import RunPaths
 from simpipe.store.results import read_ledger, read_rounds, read_summary
 
-from support import REPO, cancel_after_first_round, one_error_line, simpipe_cli, small_config
+from support import REPO, CancelAfterFirstRound, one_error_line, simpipe_cli, small_config
 
 QUIET = Console(quiet=True)
 GAME = {"kind": "public_goods", "rounds": 4}
@@ -73,9 +73,9 @@ def test_a_cancelled_run_resumes_to_the_same_results(dask_client, tmp_path):
     reference = pg_config(tmp_path / "ref")
     run_simulation(reference, client=dask_client, console=QUIET)
     config = pg_config(tmp_path / "cancel")
-    cancel_after_first_round(config.run_dir)
     with pytest.raises(RunCancelled):
-        run_simulation(config, client=dask_client, console=QUIET)
+        run_simulation(config, client=dask_client, console=QUIET,
+                       observer=CancelAfterFirstRound(config.run_dir))
     assert 0 < read_ledger(config.run_dir).rounds_done < 4
     run_simulation(config, client=dask_client, console=QUIET, resume=True)
     pd.testing.assert_frame_equal(read_summary(config.run_dir), read_summary(reference.run_dir))

@@ -24,7 +24,7 @@ from simpipe.store.layout import LAYOUT, RunPaths
 from simpipe.store.results import read_ledger, read_rounds, read_summary
 from simpipe.ui.runs import RunFiles, run_detail
 
-from support import cancel_after_first_round, simpipe_cli, small_config
+from support import CancelAfterFirstRound, simpipe_cli, small_config
 
 QUIET = Console(quiet=True)
 SMALL = {"size": 60, "partitions": 2}
@@ -88,9 +88,9 @@ def test_a_run_written_before_reads_from_one_and_resumes_numbering_as_it_began(
     reference = small_config(tmp_path, run={"name": "whole"}, population=SMALL)
     run_simulation(reference, client=dask_client, console=QUIET)
     config = small_config(tmp_path, run={"name": "old"}, population=SMALL)
-    cancel_after_first_round(config.run_dir)
     with pytest.raises(RunCancelled):
-        run_simulation(config, client=dask_client, console=QUIET)
+        run_simulation(config, client=dask_client, console=QUIET,
+                       observer=CancelAfterFirstRound(config.run_dir))
     run = config.run_dir
     as_written_before(run)
     assert folders(run) == ["round=0"] and "layout" not in json.loads(

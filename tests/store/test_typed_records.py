@@ -25,7 +25,7 @@ from simpipe.store.round_record import MixSplit, RoundRecord, ValueSplit
 from simpipe.store.states import CellState, RunState
 from simpipe.ui.runs import RunFiles, list_runs, run_detail
 
-from support import cancel_after_first_round, one_error_line, simpipe_cli, small_config
+from support import CancelAfterFirstRound, one_error_line, simpipe_cli, small_config
 
 DATA = Path(__file__).parents[1] / "data"
 PREVIOUS = DATA / "run_json_previous.json"  # layout 1: rounds from 0, no layout field
@@ -139,17 +139,12 @@ def as_layout_2(run_dir: Path) -> None:
 def test_a_layout_2_public_goods_run_shows_reports_and_resumes_into_this_layout(
         tmp_path, dask_client):
     game = {"kind": "public_goods", "rounds": 2}
-    # Four partitions on two workers, slow answers: round 2 is still running when the
-    # watcher asks the run to stop, however loaded the machine (a run checks the request
-    # as partitions finish; with two partitions both could finish together).
-    population = {**SMALL, "partitions": 4}
-    whole = small_config(tmp_path, run={"name": "whole"}, game=game, population=population)
+    whole = small_config(tmp_path, run={"name": "whole"}, game=game, population=SMALL)
     run_simulation(whole, client=dask_client, console=QUIET)
-    config = small_config(tmp_path, run={"name": "old"}, game=game, population=population,
-                          agents={"scripted": {"latency_s": 0.5}})
-    cancel_after_first_round(config.run_dir)
+    config = small_config(tmp_path, run={"name": "old"}, game=game, population=SMALL)
     with pytest.raises(RunCancelled):
-        run_simulation(config, client=dask_client, console=QUIET)
+        run_simulation(config, client=dask_client, console=QUIET,
+                       observer=CancelAfterFirstRound(config.run_dir))
     run = config.run_dir
     as_layout_2(run)
     first = read_ledger(run / "run.json").round(0)
