@@ -32,17 +32,6 @@ def pytest_configure(config: pytest.Config) -> None:
         os.sched_setaffinity(0, [cores[index % len(cores)]])
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist, the slow tests (marked ``slow`` or ``llm``) first, each group in
-    file order: xdist hands out tests in this order as workers free up, so the long ones
-    start early and the many short ones fill in at the end, instead of one worker finishing
-    a long test alone while the other idles. One process keeps the file order."""
-    if "PYTEST_XDIST_WORKER" not in os.environ:
-        return
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None
-               and item.get_closest_marker("llm") is None)
-
-
 @pytest.fixture(autouse=True)
 def one_slurm_test_at_a_time(request: pytest.FixtureRequest,
                              tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
