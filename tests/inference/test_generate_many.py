@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from simpipe.inference.base import AnswerColumns, GenerationRequest, OutputConstraint
-from simpipe.inference.http.backend import EndpointPool
+from simpipe.inference.http.backend import EndpointPool, prompt_order
 from simpipe.inference.http.openai_compat import OpenAIBackend
 from simpipe.inference.http.tgi import TgiBackend
 from simpipe.inference.settings import OpenAISettings, TgiSettings
@@ -67,10 +67,13 @@ async def both_ways(make_backend):
 ], ids=["tgi", "openai-completions", "openai-chat"])
 def test_each_agent_sends_and_gets_what_it_would_alone(make_backend):
     many, alone, many_bodies, alone_bodies = asyncio.run(both_ways(make_backend))
-    # max_concurrency 1: one request at a time, so the stub saw them in agent order
-    assert many_bodies == alone_bodies
+    # max_concurrency 1: one request at a time, so the stub saw generate_many's in the order
+    # it sends them: by prompt, agent order among equals (``prompt_order``); each agent's
+    # body is the one it would send alone.
+    order = prompt_order(DISTINCT, CODES).tolist()
+    assert many_bodies == [alone_bodies[i] for i in order]
     seeds = [body.get("seed", body.get("parameters", {}).get("seed")) for _, body in many_bodies]
-    assert seeds == SEEDS.tolist()
+    assert seeds == SEEDS[order].tolist()
     assert many.text == [r.text for r in alone] and all(t for t in many.text)
     assert many.error == [None] * len(CODES)
     assert many.tokens_in == [r.tokens_in for r in alone]
