@@ -192,7 +192,10 @@ class OpenAISettings(HttpSettings):
         "`return_tokens_as_token_ids`; vLLM's sampler order) or `llamacpp` (llama.cpp's "
         "own server: `/tokenize`, then `/completion` with `n_probs`; llama.cpp's "
         "grammar sampler; top_p, top_k and min_p are then always sent, as llama.cpp's "
-        "defaults are not off); `off`: one request per agent "
+        "defaults are not off, and each run of per-agent requests stays on one of the "
+        "server's slots, `id_slot`: [per-agent requests in runs]"
+        "(shared-answers.md#per-agent-requests-go-in-runs-of-neighbouring-prompts)); "
+        "`off`: one request per agent "
         "([shared answers](shared-answers.md#answer-distributions-over-http))"))
     max_logprobs: StrictInt = Field(20, ge=1, le=MAX_TOP_K, description=(
         "the servers' `--max-logprobs` (vLLM's default: 20): the most top log-probabilities "
