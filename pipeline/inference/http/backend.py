@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
+import heapq
 import json
 import os
 import random
@@ -287,16 +288,34 @@ class EndpointPool:
             sequence = order.tolist()
             cuts = np.linspace(0, n, workers + 1).astype(int).tolist()
             runs = [[cuts[w], cuts[w + 1]] for w in range(workers)]  # [next, stop) each
+            # The runs by what was left in each when last looked at. A run only shrinks, so
+            # an entry whose length is still true is the longest run: finding it costs a few
+            # heap steps, not a look at every run (thousands with many servers).
+            left = [(lo - hi, w) for w, (lo, hi) in enumerate(runs)]
+            heapq.heapify(left)
+
+            def longest() -> int | None:
+                while left:
+                    stored, v = heapq.heappop(left)
+                    size = runs[v][1] - runs[v][0]
+                    if size == -stored and size >= 2:
+                        return v
+                    if size >= 2:
+                        heapq.heappush(left, (-size, v))
+                return None
 
             async def worker(w: int) -> None:
                 run = runs[w]
                 while True:
                     if run[0] >= run[1]:
-                        longest = max(runs, key=lambda r: r[1] - r[0])
-                        if longest[1] - longest[0] < 2:
+                        v = longest()
+                        if v is None:
                             return
-                        middle = (longest[0] + longest[1] + 1) // 2
-                        run[0], run[1], longest[1] = middle, longest[1], middle
+                        victim = runs[v]
+                        middle = (victim[0] + victim[1] + 1) // 2
+                        run[0], run[1], victim[1] = middle, victim[1], middle
+                        heapq.heappush(left, (middle - run[1], w))
+                        heapq.heappush(left, (victim[0] - middle, v))
                     i = sequence[run[0]]
                     run[0] += 1
                     await send(i, w)
