@@ -76,7 +76,10 @@ def engine_config(agents: int, n_parallel: int, output_dir: Path, backend: str =
                     "dashboard_address": ""},
     }
     if endpoint:
-        raw["agents"]["openai"] = {"endpoints": [endpoint], "max_concurrency": n_parallel}
+        # The server is this xllamacpp build: the answer grammar goes in the form the raw
+        # engine's row sends it.
+        raw["agents"]["openai"] = {"endpoints": [endpoint], "max_concurrency": n_parallel,
+                                   "constraint": "lark" if build_has_llguidance() else "grammar"}
     return config_from_dict(raw)
 
 

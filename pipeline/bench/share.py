@@ -30,12 +30,17 @@ import numpy as np
 from simpipe.agents.base import Turn
 from simpipe.agents.llm import build_requests
 from simpipe.answers.planner import METHODS
+from simpipe.cluster.config import LocalClusterConfig
 from simpipe.config.model import Config, apply_override, config_from_dict
 from simpipe.core.aio import run_async
 from simpipe.core.memory import PeakMemory
 from simpipe.core.tables import markdown_table
 from simpipe.games.registry import game_for
-from simpipe.inference.llamacpp.backend import LlamaCppBackend, resolve_model_path
+from simpipe.inference.llamacpp.backend import (
+    LlamaCppBackend,
+    build_has_llguidance,
+    resolve_model_path,
+)
 from simpipe.run.console import Console
 from simpipe.run.simulation import run_simulation
 from simpipe.servers.llamacpp_server import LlamaCppProcess
@@ -175,17 +180,23 @@ def format_table(rows: list[dict]) -> str:
 def _openai_rows(config: Config) -> list[dict]:
     """The config's run through the ``openai`` back-end to a llama.cpp server (the model of
     ``[agents.llamacpp]``) that the bench starts and stops, sharing answers over HTTP the
-    way that server allows (``answer_distributions = "llamacpp"``)."""
+    way that server allows (``answer_distributions = "llamacpp"``), the answer grammar in
+    llguidance's form, and as many connections from all workers together as it has slots."""
     embedded = config.agents.llamacpp
     model = resolve_model_path(embedded)
+    workers = config.cluster.workers if isinstance(config.cluster, LocalClusterConfig) else 1
     with tempfile.TemporaryDirectory(prefix="simpipe-share-") as tmp, \
             LlamaCppProcess(parallel=embedded.n_parallel, model=model) as server:
         raw = config.model_dump(mode="json")
         raw["agents"]["backend"] = "openai"
         raw["agents"]["openai"] = {**raw["agents"].get("openai", {}),
                                    "endpoints": [server.url],
-                                   "max_concurrency": embedded.n_parallel,
-                                   "answer_distributions": "llamacpp"}
+                                   # every worker's connections together fill the
+                                   # server's slots and no more (docs/shared-answers.md)
+                                   "max_concurrency": max(1, embedded.n_parallel // workers),
+                                   "answer_distributions": "llamacpp",
+                                   # the server is this xllamacpp build, which has llguidance
+                                   "constraint": "lark" if build_has_llguidance() else "grammar"}
         served = _in(config_from_dict(raw, source="bench share --case openai"), Path(tmp))
         return _round_rows(served, "openai -> llama.cpp server")
 

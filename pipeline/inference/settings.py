@@ -132,7 +132,11 @@ class HttpSettings(_Section):
 
     endpoints: list[str] = Field(default_factory=list, min_length=1, description=_ENDPOINTS)
     max_concurrency: StrictInt = Field(64, ge=1, le=MAX_CONCURRENCY, description=(
-        "requests in flight per endpoint per worker process, at most 4,096"))
+        "requests in flight per endpoint per worker process, at most 4,096. To llama.cpp's "
+        "server, keep this times the worker processes at most the server's slots "
+        "(`--parallel`): each connection's next prompt then finds its slot idle and holding "
+        "its neighbour, twice as fast as with twice the connections ([per-agent requests in "
+        "runs](shared-answers.md#per-agent-requests-go-in-runs-of-neighbouring-prompts))"))
     timeout_s: FiniteFloat = Field(120.0, gt=0, le=MAX_TIMEOUT_S, description=(
         "per request, the whole exchange; at most 86,400 (a day)"))
     retries: StrictInt = Field(4, ge=0, le=MAX_RETRIES, description=(
@@ -173,11 +177,16 @@ class OpenAISettings(HttpSettings):
     api: Literal["completions", "chat"] = Field("completions", description=(
         "`completions` (`/v1/completions`, the prompt as text) or `chat` "
         "(`/v1/chat/completions`)"))
-    constraint: Literal["auto", "grammar", "json_schema", "guided_regex", "none"] = Field(
+    constraint: Literal["auto", "grammar", "lark", "json_schema", "guided_regex", "none"] = Field(
         "auto", description=(
             "how the server is told the answer's format: `auto` (llama.cpp's `grammar` and "
             "vLLM's `structured_outputs.regex` together), `grammar` (GBNF, llama.cpp), "
-            "`json_schema` (llama.cpp), `guided_regex` (vLLM), `none` (the parser alone)"))
+            "`lark` (llama.cpp's `grammar` in llguidance's form: the same answers for the "
+            "same seeds as GBNF at about 1.4x the requests a second; only for a server built "
+            "with llguidance, as xllamacpp's and `cluster.servers.kind = \"llamacpp\"` are: a "
+            "stock llama-server aborts on it; [output constraints](shared-answers.md"
+            "#the-answer-grammar-in-llguidances-form)), `json_schema` (llama.cpp), "
+            "`guided_regex` (vLLM), `none` (the parser alone)"))
     n_per_request: StrictInt = Field(1, ge=1, le=MAX_N_PER_REQUEST, description=(
         "agents of a round with the same prompt go to the server as one request with `n` "
         "samples, at most this many per request (more agents: more requests); 1: one request "
@@ -192,9 +201,7 @@ class OpenAISettings(HttpSettings):
         "`return_tokens_as_token_ids`; vLLM's sampler order) or `llamacpp` (llama.cpp's "
         "own server: `/tokenize`, then `/completion` with `n_probs`; llama.cpp's "
         "grammar sampler; top_p, top_k and min_p are then always sent, as llama.cpp's "
-        "defaults are not off, and each run of per-agent requests stays on one of the "
-        "server's slots, `id_slot`: [per-agent requests in runs]"
-        "(shared-answers.md#per-agent-requests-go-in-runs-of-neighbouring-prompts)); "
+        "defaults are not off); "
         "`off`: one request per agent "
         "([shared answers](shared-answers.md#answer-distributions-over-http))"))
     max_logprobs: StrictInt = Field(20, ge=1, le=MAX_TOP_K, description=(

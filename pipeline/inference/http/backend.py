@@ -71,9 +71,6 @@ DECODE_ERRORS = (KeyError, TypeError, IndexError, ValueError, AttributeError, Re
 #: What sending one body came to: (text, tokens_in, tokens_out, latency_s, finish_reason,
 #: endpoint, error); error is None for an answer, else text is None.
 Outcome = tuple[str | None, int, int, float, str | None, str | None, str | None]
-#: ``pin(body, k)``: a request body as it goes from a connection's ``k``-th run of requests
-#: (``EndpointPool._drive``).
-SlotPin = Callable[[bytes, int], bytes]
 #: The seed a request is encoded with to find where its seed goes: above any real seed
 #: (those are < 2**31), so the digits cannot be another number of the body.
 SEED_SENTINEL = 7_355_608_123_456_789
@@ -180,14 +177,12 @@ class EndpointPool:
         return results  # type: ignore[return-value]
 
     async def run_many(self, distinct: Sequence[GenerationRequest], codes: np.ndarray,
-                       seeds: np.ndarray, encode: Encoder, decode: Decoder,
-                       pin: SlotPin | None = None) -> AnswerColumns:
+                       seeds: np.ndarray, encode: Encoder, decode: Decoder) -> AnswerColumns:
         """One answer per agent ``i`` to ``distinct[codes[i]]`` with seed ``seeds[i]``.
 
         Each distinct request is encoded once, split around its seed (``seed_template``);
         an agent's body is that template with its seed written in. The requests go in runs
-        of neighbouring prompts (``prompt_order``, ``_drive``), each run's bodies through
-        ``pin``.
+        of neighbouring prompts (``prompt_order``, ``_drive``).
         """
         n = len(codes)
         out = AnswerColumns(n)
@@ -212,7 +207,7 @@ class EndpointPool:
             if told is not None:
                 told(1)
 
-        await self._drive(n, job, decode, store, prompt_order(distinct, codes), pin)
+        await self._drive(n, job, decode, store, prompt_order(distinct, codes))
         return out
 
     async def run_groups(self, groups: Sequence[list[int]],
@@ -249,7 +244,7 @@ class EndpointPool:
 
     async def _drive(self, n: int, job: Callable[[int], tuple[str, bytes] | str],
                      decode: Decoder, store: Callable[[int, Outcome], None],
-                     order: np.ndarray | None = None, pin: SlotPin | None = None) -> None:
+                     order: np.ndarray | None = None) -> None:
         """Send ``job(i)`` for every ``i < n`` on a fixed set of worker coroutines (no task
         per request) and ``store`` each outcome.
 
@@ -262,8 +257,14 @@ class EndpointPool:
         it: measured on a llama.cpp server, 8 slots, 8 at a time, 92 ms a request instead
         of 188 ms in agent order (docs/benchmarks.md). A worker whose run is done takes the
         second half of the longest run left, so none waits while another has work.
-        ``pin(body, k)``: the body as it goes from the ``k``-th run on its endpoint (a
-        server-specific field that keeps the run on one of the server's slots)."""
+
+        A llama.cpp server keeps one prompt per slot and gives a request the idle slot whose
+        prompt shares the most with it, which is the slot the connection's previous request
+        just left, provided a slot is idle when the request arrives: the connections of all
+        processes together must not outnumber the server's slots (``max_concurrency``). With
+        twice as many, a request waits for whichever slot frees first, most often one that
+        held another persona (measured: 43 prompt tokens evaluated a request instead of 16,
+        5.7 requests a second instead of 10.9; docs/shared-answers.md)."""
         if n == 0:
             return
         state = self._state()
@@ -274,9 +275,7 @@ class EndpointPool:
             if type(sent) is str:
                 store(i, (None, 0, 0, 0.0, None, None, sent))
             else:
-                body = sent[1] if pin is None or prefer is None else pin(
-                    sent[1], prefer // len(self._endpoints))
-                store(i, await self._send(state, sent[0], body, decode, prefer))
+                store(i, await self._send(state, sent[0], sent[1], decode, prefer))
 
         if order is None:
             todo = iter(range(n))  # shared by the workers: each takes the next index
@@ -586,10 +585,6 @@ def _server_message(data: Any) -> str | None:
 class HttpBackend(Backend):
     """A back-end that is one ``EndpointPool`` plus a request encoder and answer decoder."""
 
-    #: Keeps a run of neighbouring prompts on one of a server's slots (``EndpointPool._drive``
-    #: ``pin``); None: the server places each request itself.
-    slot_pin: SlotPin | None = None
-
     def __init__(self, settings: HttpSettings) -> None:
         self._pool = EndpointPool(settings)
 
@@ -616,5 +611,4 @@ class HttpBackend(Backend):
     async def generate_many(self, distinct: Sequence[GenerationRequest], codes: np.ndarray,
                             seeds: np.ndarray, *, reproducible: bool = False) -> AnswerColumns:
         # Servers batch as they like: ``reproducible`` cannot be honoured here.
-        return await self._pool.run_many(distinct, codes, seeds, self._encode, self._decode,
-                                         self.slot_pin)
+        return await self._pool.run_many(distinct, codes, seeds, self._encode, self._decode)

@@ -10,6 +10,13 @@ known to be llama.cpp's (``answer_distributions = "llamacpp"``, whose defaults a
 
 Output constraints (``settings.constraint``), from the servers' sources:
 - ``"grammar"``: llama.cpp's top-level ``grammar`` (GBNF).
+- ``"lark"``: llama.cpp's top-level ``grammar`` in llguidance's form (``%llguidance``), GBNF
+  where the answer has no such form (chain of thought). llama.cpp builds with llguidance
+  (xllamacpp's) mask the vocabulary once per token; its GBNF sampler instead decodes every
+  one of the 262,144 tokens' text whenever the sampled token breaks the grammar, one slot at
+  a time on the server's main thread. Same seeds, same answers as ``"grammar"`` (tested);
+  a server built without llguidance aborts (``GGML_ABORT``) on such a grammar, so this is
+  never chosen for a server not declared to take it.
 - ``"json_schema"``: llama.cpp's top-level ``json_schema`` (converted to a grammar there;
   builds without llguidance ignore a ``number``'s ``minimum``/``maximum``,
   docs/measurements.md).
@@ -83,8 +90,6 @@ class OpenAIBackend(HttpBackend):
         self.answer_sampler = (llamacpp_next_token if self._llamacpp
                                else vllm_sampler.next_token)
         self._vocabs: dict[frozenset[str], AnswerVocab] = {}
-        if self._llamacpp:
-            self.slot_pin = llamacpp_slot
 
     @classmethod
     def shares_answers(cls, settings: Any) -> bool:
@@ -198,18 +203,6 @@ class OpenAIBackend(HttpBackend):
         return out
 
 
-def llamacpp_slot(body: bytes, k: int) -> bytes:
-    """``body`` (a JSON object) with llama.cpp's ``id_slot``: ``k``.
-
-    llama.cpp's server keeps the last prompt of each slot in its cache and, with every slot
-    busy, gives a request whichever slot frees first, so per-agent requests sent in prompt
-    order still landed on slots holding other prompts (a median of 43-60 prompt tokens
-    evaluated per request in rounds 2-3 of ``bench share --case openai``, 7-11 with the
-    slot pinned). A slot number the server does not have is served by any free slot (the
-    xllamacpp server here), so ``max_concurrency`` above ``--parallel`` costs nothing."""
-    return b'{"id_slot":%d,%s' % (k, body[1:])
-
-
 def sample_groups(codes: np.ndarray, cap: int) -> list[list[int]]:
     """Agents (indices) grouped by their distinct request, in agent order within each,
     cut into groups of at most ``cap``: the same codes give the same groups every run."""
@@ -300,6 +293,9 @@ def _add_constraint(body: dict, c: OutputConstraint, mode: str) -> None:
     if mode == "grammar":
         if c.gbnf:
             body["grammar"] = c.gbnf
+    elif mode == "lark":
+        if c.lark or c.gbnf:
+            body["grammar"] = c.lark or c.gbnf
     elif mode == "json_schema":
         if c.json_schema:
             body["json_schema"] = c.json_schema

@@ -14,6 +14,7 @@ from simpipe.servers.llamacpp_server import LlamaCppProcess
 from simpipe.servers.stub import StubServer
 
 GBNF = 'root ::= "100" | [1-9] [0-9] | [0-9]'
+LARK = "%llguidance {}\nstart: /(?:100|[1-9][0-9]|[0-9])/\n"
 NUMBER = OutputConstraint(gbnf=GBNF, regex="(100|[1-9]?[0-9])")
 FAST = {"backoff_s": 0.01, "backoff_max_s": 0.05}
 PROMPT = (
@@ -72,13 +73,15 @@ def test_completions_body_with_auto_constraint():
     ("mode", "expected"),
     [
         ("grammar", {"grammar": GBNF}),
+        ("lark", {"grammar": LARK}),
         ("guided_regex", {"structured_outputs": {"regex": "(100|[1-9]?[0-9])"}}),
         ("json_schema", {"json_schema": {"type": "integer"}}),
         ("none", {}),
     ],
 )
 def test_constraint_modes(mode, expected):
-    c = OutputConstraint(gbnf=GBNF, regex=NUMBER.regex, json_schema={"type": "integer"})
+    c = OutputConstraint(gbnf=GBNF, regex=NUMBER.regex, json_schema={"type": "integer"},
+                         lark=LARK)
     _, (rec,) = asyncio.run(
         stub_bodies([GenerationRequest(prompt="x", constraint=c)], constraint=mode)
     )
@@ -88,6 +91,14 @@ def test_constraint_modes(mode, expected):
         if k in ("grammar", "json_schema", "structured_outputs", "guided_regex")
     }
     assert sent == expected
+
+
+def test_lark_sends_gbnf_for_an_answer_without_an_llguidance_form():
+    # chain of thought keeps its GBNF grammar (OutputConstraint.lark is None)
+    c = OutputConstraint(gbnf=GBNF, regex=NUMBER.regex)
+    _, (rec,) = asyncio.run(
+        stub_bodies([GenerationRequest(prompt="x", constraint=c)], constraint="lark"))
+    assert rec["body"]["grammar"] == GBNF and "structured_outputs" not in rec["body"]
 
 
 def test_auto_with_only_a_schema_never_sends_grammar_and_schema_together():
@@ -129,7 +140,7 @@ def llama():
 
 def _backend(*urls: str, **opts) -> OpenAIBackend:
     return OpenAIBackend(
-        OpenAISettings(endpoints=list(urls), max_concurrency=4, **{**FAST, **opts})
+        OpenAISettings(endpoints=list(urls), **{"max_concurrency": 4, **FAST, **opts})
     )
 
 
@@ -155,6 +166,30 @@ def test_grammar_gives_integers_0_to_100_with_usage(llama):
     assert all(r.tokens_in > 0 and r.tokens_out > 0 for r in results)
     assert counters[llama.url]["requests"] == 8
     assert counters[llama.url]["tokens_out"] == sum(r.tokens_out for r in results)
+
+
+@pytest.mark.llm
+def test_lark_samples_what_gbnf_samples_seed_for_seed(llama):
+    # The llguidance form masks the same tokens as the GBNF grammar, so with the same seed
+    # the server draws the same answer; only the cost of the mask differs. One request at a
+    # time on one prompt: each re-evaluates only the prompt's last token, the same arithmetic
+    # for both forms.
+    c = OutputConstraint(gbnf=GBNF, lark=LARK)
+
+    async def answers(mode: str) -> list[str]:
+        backend = _backend(llama.url, constraint=mode, max_concurrency=1)
+        try:
+            reqs = [GenerationRequest(prompt=PROMPT.format(i=41), seed=s, max_tokens=4,
+                                      constraint=c) for s in (999, *range(40))]
+            results = await backend.generate(reqs)
+        finally:
+            await backend.aclose()
+        assert all(r.status == "ok" for r in results), [r.error for r in results]
+        return [r.text for r in results[1:]]  # the first one warms the slot's cache
+
+    gbnf, lark = asyncio.run(answers("grammar")), asyncio.run(answers("lark"))
+    assert gbnf == lark
+    assert len(set(gbnf)) > 5, gbnf  # a spread of answers, not one forced by the grammar
 
 
 @pytest.mark.slow
