@@ -45,6 +45,7 @@ from simpipe.inference.llamacpp.backend import (
     open_engine,
     request_body,
     resolve_model_path,
+    server_constraint,
 )
 from simpipe.run.console import Console
 from simpipe.run.population import ensure_population
@@ -79,7 +80,7 @@ def engine_config(agents: int, n_parallel: int, output_dir: Path, backend: str =
         # The server is this xllamacpp build: the answer grammar goes in the form the raw
         # engine's row sends it.
         raw["agents"]["openai"] = {"endpoints": [endpoint], "max_concurrency": n_parallel,
-                                   "constraint": "lark" if build_has_llguidance() else "grammar"}
+                                   "constraint": server_constraint()}
     return config_from_dict(raw)
 
 

@@ -38,8 +38,8 @@ from simpipe.core.tables import markdown_table
 from simpipe.games.registry import game_for
 from simpipe.inference.llamacpp.backend import (
     LlamaCppBackend,
-    build_has_llguidance,
     resolve_model_path,
+    server_constraint,
 )
 from simpipe.run.console import Console
 from simpipe.run.simulation import run_simulation
@@ -196,7 +196,7 @@ def _openai_rows(config: Config) -> list[dict]:
                                    "max_concurrency": max(1, embedded.n_parallel // workers),
                                    "answer_distributions": "llamacpp",
                                    # the server is this xllamacpp build, which has llguidance
-                                   "constraint": "lark" if build_has_llguidance() else "grammar"}
+                                   "constraint": server_constraint()}
         served = _in(config_from_dict(raw, source="bench share --case openai"), Path(tmp))
         return _round_rows(served, "openai -> llama.cpp server")
 

@@ -278,6 +278,12 @@ def build_has_llguidance() -> bool:
     return isinstance(grammar, str) and grammar.startswith("%llguidance")
 
 
+def server_constraint() -> str:
+    """``agents.openai.constraint`` for a llama.cpp server of this xllamacpp build (the
+    benches start one): the llguidance form where the build takes it, else GBNF."""
+    return "lark" if build_has_llguidance() else "grammar"
+
+
 def request_body(req: GenerationRequest, cache_prompt: bool,
                  llguidance: bool = False) -> tuple[bool, dict]:
     """(is_chat, the OpenAI-style body llama.cpp takes) for one request; ``llguidance``:
