@@ -23,10 +23,10 @@ from simpipe.agents.base import (
     stored_raw,
 )
 from simpipe.agents.progress import TaskReporter, current_reporter, report_agents
-from simpipe.answers.distribution import LazyTree, TooMuchUnseen
 from simpipe.answers.shared import (
     Lookup,
     SharedAnswers,
+    Walked,
     prompt_hash,
     prompt_key,
     sharing_refusal,
@@ -49,7 +49,7 @@ from simpipe.inference.base import (
     listening,
 )
 from simpipe.inference.settings import SamplingSettings
-from simpipe.inference.types import ChainSettings, Probe, ProbeError
+from simpipe.inference.types import ChainSettings, ProbeError
 
 if TYPE_CHECKING:
     from simpipe.config.model import AgentsConfig
@@ -174,14 +174,15 @@ class LLMAgents(AgentPolicy):
         game = turn.game
         n = len(agents)
         codes, prompts = distinct_prompts(agents, turn, self.backend.prompt_style)
-        seeds = agent_seeds(turn.seed, turn.round_index, agents["agent_id"].to_numpy())
+        agent_ids = agents["agent_id"].to_numpy()
+        seeds = agent_seeds(turn.seed, turn.round_index, agent_ids)
         uniques = [prompt_key(p) for p in prompts]
         stats = DecisionStats(prompt_ids=np.unique(np.fromiter(
             (prompt_hash(u) for u in uniques), np.uint64, len(uniques))))
         out = _Answers(n)
         sharing = self.shared is not None and self.sharing_refusal(game.config) is None
         if sharing:
-            self._draw_shared(out, codes, list(uniques), seeds, turn, stats)
+            self._draw_shared(out, codes, list(uniques), agent_ids, seeds, turn, stats)
         todo = np.nonzero(~out.shared)[0]
         if todo.size:
             # One request per distinct prompt; each agent's differs only by its seed.
@@ -215,7 +216,8 @@ class LLMAgents(AgentPolicy):
         return Decisions(frame, stats)
 
     def _draw_shared(self, out: _Answers, codes: np.ndarray, uniques: list[str],
-                     seeds: np.ndarray, turn: Turn, stats: DecisionStats) -> None:
+                     agent_ids: np.ndarray, seeds: np.ndarray, turn: Turn,
+                     stats: DecisionStats) -> None:
         """Each agent's answer walked through its prompt's answer tree with its own
         uniforms: a tree planned for the round, the process's canonical full tree (a prompt
         many agents share), or a tree probed lazily in this partition's chain."""
@@ -255,8 +257,8 @@ class LLMAgents(AgentPolicy):
                 stats.fallback_prompts += 1
                 stats.problem = stats.problem or found.problem
                 continue
-            self._take(out, members, dist.walk(uniforms[members]), dist.unseen_mass, stats,
-                       calls=found.calls)
+            self._take(out, members, dist.answers_for(agent_ids[members], uniforms[members]),
+                       dist.unseen_mass, stats, calls=found.calls)
         if lazy:
             language = IntegerAnswers(*answer.bounds)
             try:
@@ -273,46 +275,28 @@ class LLMAgents(AgentPolicy):
     def _walk_chain(self, out: _Answers, lazy: list[tuple[str, np.ndarray]],
                     uniforms: np.ndarray, shape: TreeShape, settings: ChainSettings,
                     stats: DecisionStats) -> None:
-        """The lazily walked prompts in sorted order, in one chain of probes on the lone
-        slot: each prompt is evaluated on top of the common prefix its predecessor left, so
-        it costs its distinct suffix, and the chain depends only on this partition. Where
-        the back-end evaluates prompts in batches (``batched_evaluation``), the same sorted
-        list in its batches, which depend only on this partition too."""
+        """The lazily walked prompts in sorted order (``SharedAnswers.walk_chain``): each
+        costs its distinct suffix, and the chain depends only on this partition."""
         lazy.sort(key=lambda item: item[0])
 
-        def walk(i: int, probe: Probe) -> tuple[LazyTree, list[str | None] | None, str | None]:
-            tree = LazyTree(probe, shape, settings, self.sampling.share_max_unseen,
-                            self.backend.answer_sampler)
-            try:
-                return tree, list(tree.walk(uniforms[lazy[i][1]])), None
-            except (TooMuchUnseen, ProbeError) as exc:
-                return tree, None, str(exc)
-
-        def tally(i: int, walked: tuple[LazyTree, list[str | None] | None, str | None]
-                  ) -> None:
+        def tally(i: int, walked: Walked) -> None:
             members = lazy[i][1]
-            tree, texts, problem = walked
-            c = tree.cost
+            c = walked.cost
             stats.model_calls += c.calls
             stats.probes += c.calls
             stats.prompt_tokens += c.tokens_in
             out.tokens_in[members] += split_evenly(c.tokens_in, members.size)
             out.tokens_out[members] += split_evenly(c.tokens_out, members.size)
-            if texts is None:
+            if walked.texts is None:
                 # One sampled call each for this prompt's agents instead.
                 stats.fallback_prompts += 1
-                stats.problem = stats.problem or problem
+                stats.problem = stats.problem or walked.problem
                 return
-            self._take(out, members, texts, tree.unseen_mass, stats, calls=c.calls)
+            self._take(out, members, walked.texts, walked.unseen_mass, stats, calls=c.calls)
 
-        if self.backend.batched_evaluation:
-            self.backend.probe_each([prompt for prompt, _ in lazy], walk, shape.vocab,
-                                    settings, on_result=tally)
-            return
-        with self.backend.logprob_chain(
-                shape.vocab, settings) as probe_for:
-            for i, (prompt, _) in enumerate(lazy):
-                tally(i, walk(i, probe_for(prompt)))
+        self.shared.walk_chain([prompt for prompt, _ in lazy],
+                               [uniforms[members] for _, members in lazy], shape, settings,
+                               self.sampling.share_max_unseen, on_result=tally)
 
     @staticmethod
     def _take(out: _Answers, members: np.ndarray, texts: list[str | None], unseen: float,

@@ -91,6 +91,35 @@ class AnswerDistribution:
         return draw_answers(lambda path, text, reach: self.nodes.get(path), self.shape,
                             uniforms)
 
+    def answers_for(self, agent_ids: np.ndarray, uniforms: np.ndarray) -> list[str | None]:
+        """What a partition's agents on this prompt answer: each walks the tree with its
+        own uniforms (``walk``); the ids are not needed (``WalkedAnswers`` needs them)."""
+        return self.walk(uniforms)
+
+
+@dataclass(frozen=True)
+class WalkedAnswers:
+    """A prompt's agents of the whole round, walked lazily once by the round plan (a
+    ``LazyTree`` probed only where their draws went): each agent's answer by its id (None:
+    its walk reached a prefix the tree could not pin down) and what the walks cost. The
+    same answers as walking the prompt in each partition, at one evaluation of the prompt
+    instead of one per partition that holds it."""
+
+    agent_ids: np.ndarray  # sorted
+    texts: tuple[str | None, ...]  # per id
+    unseen_mass: float
+    calls: int
+    tokens_in: int
+    tokens_out: int
+
+    def answers_for(self, agent_ids: np.ndarray, uniforms: np.ndarray) -> list[str | None]:
+        """The answers of ``agent_ids`` (all walked by the plan; one that was not, which a
+        correct plan never asks for, gets None: a call of its own)."""
+        at = np.searchsorted(self.agent_ids, agent_ids)
+        at = np.minimum(at, max(self.agent_ids.size - 1, 0))
+        return [self.texts[i] if self.agent_ids.size and self.agent_ids[i] == a else None
+                for i, a in zip(at.tolist(), agent_ids.tolist(), strict=True)]
+
 
 class TooMuchUnseen(RuntimeError):
     """The listed tokens do not pin the distribution down to the allowed error."""

@@ -63,6 +63,21 @@ def chunk_size(n_prompts: int) -> int:
     cluster."""
     return max(1, min(CHUNK_PROMPTS, -(-n_prompts // MIN_CHUNKS)))
 
+#: Most prompts per planned walk task: a walked prompt costs ~0.1 s of one core (its last
+#: line and ~3 probes), and a task's first prompt is evaluated whole (~0.7 s: every task
+#: starts from an empty key/value pool, so that its bits depend on its prompts alone), so a
+#: task of 64 is ~7 s, its first prompt a tenth of it.
+WALK_CHUNK_PROMPTS = 64
+#: Fewer walked prompts are cut into at least this many chunks: a small round's walks
+#: (the quickstart's ~90) then cost two whole first prompts, as two partitions' chains did.
+MIN_WALK_CHUNKS = 2
+
+
+def walk_chunk_size(n_prompts: int) -> int:
+    """Prompts per planned walk task for a round that walks ``n_prompts``: a function of
+    the prompts alone, as ``chunk_size``."""
+    return max(1, min(WALK_CHUNK_PROMPTS, -(-n_prompts // MIN_WALK_CHUNKS)))
+
 #: No prompts (a partition that carries no planned prompt's cost).
 EMPTY_HASHES = np.empty(0, np.uint64)
 
@@ -100,16 +115,22 @@ class PromptTally:
 
 @dataclass(frozen=True)
 class PartitionPrompts:
-    """Stage 1's result, kept on the worker: the tally and the prompt texts (by hash)."""
+    """Stage 1's result, kept on the worker: the tally, the prompt texts (by hash), and
+    which agents hold each prompt (``codes`` indexes ``code_hashes``, one per agent of
+    ``agent_ids``): a planned walk needs its agents' ids (``walkers_of``)."""
 
     tally: PromptTally
     texts: dict[int, str]
+    agent_ids: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    codes: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    code_hashes: np.ndarray = field(default_factory=lambda: EMPTY_HASHES)
 
 
-def prompt_tally(partition: int, played: bool, codes: np.ndarray,
-                 keys: Sequence[str]) -> PartitionPrompts:
+def prompt_tally(partition: int, played: bool, codes: np.ndarray, keys: Sequence[str],
+                 agent_ids: np.ndarray | None = None) -> PartitionPrompts:
     """Stage 1's result from a partition's distinct prompts: ``keys`` (``prompt_key`` of
-    each), ``codes`` (which of them each agent holds); ``played``: see ``PromptTally``."""
+    each), ``codes`` (which of them each agent holds), ``agent_ids`` (the agents, in the
+    order of ``codes``); ``played``: see ``PromptTally``."""
     hashes = np.fromiter((prompt_hash(k) for k in keys), np.uint64, len(keys))
     counts = np.bincount(codes, minlength=len(keys)).astype(np.int64)
     groups = np.fromiter((prompt_group(k) for k in keys), np.uint64, len(keys))
@@ -119,7 +140,11 @@ def prompt_tally(partition: int, played: bool, codes: np.ndarray,
     order = np.argsort(hashes, kind="stable")
     tally = PromptTally(partition, played, hashes[order], counts[order], groups[order],
                         tokens[order], own[order])
-    return PartitionPrompts(tally, {int(h): k for h, k in zip(hashes.tolist(), keys, strict=True)})
+    texts = {int(h): k for h, k in zip(hashes.tolist(), keys, strict=True)}
+    if agent_ids is None:
+        return PartitionPrompts(tally, texts)
+    return PartitionPrompts(tally, texts, np.asarray(agent_ids, np.int64),
+                            np.asarray(codes, np.int64), hashes)
 
 
 def prompt_group(prompt_key: str) -> int:
@@ -149,10 +174,15 @@ class Layout:
     # How the round's distinct prompts are answered (run.json's ``answer_methods``:
     # ``simpipe.answers.planner.methods_record``).
     methods: dict = field(default_factory=dict)
+    # The prompts whose agents are walked lazily once for the round (the embedded engine's
+    # prompts with too few agents for a full tree), by (group, hash), walk_chunk_size(all
+    # of them) per chunk.
+    walk_chunks: list[np.ndarray] = field(default_factory=list)
 
     @property
     def planned(self) -> int:
-        return sum(c.size for c in self.chunks)
+        """Prompts the plan answers: full trees and walks."""
+        return sum(c.size for c in self.chunks) + sum(c.size for c in self.walk_chunks)
 
 
 def layout(tallies: Sequence[PromptTally], min_agents: int,
@@ -193,6 +223,14 @@ def layout(tallies: Sequence[PromptTally], min_agents: int,
     size = chunk_prompts or chunk_size(int(chosen.size))
     chunks = [chosen[i:i + size] for i in range(0, chosen.size, size)]
     agents = [on_chosen[i:i + size] for i in range(0, chosen.size, size)]
+    walk_chunks: list[np.ndarray] = []
+    if lazy_walks:
+        # The rest are walked once for the round, not once per partition that holds them.
+        walk = ~worth & needed
+        walked = uniq[walk][np.lexsort((uniq[walk], groups[first_row][walk]))]
+        size = chunk_prompts or walk_chunk_size(int(walked.size))
+        walk_chunks = [walked[i:i + size] for i in range(0, walked.size, size)]
+        chosen = np.concatenate([chosen, walked])
     # Each planned prompt's cost goes to the lowest-numbered played partition holding it.
     rows = np.nonzero(played & np.isin(hashes, chosen))[0]
     first = {}
@@ -203,7 +241,7 @@ def layout(tallies: Sequence[PromptTally], min_agents: int,
         owned.setdefault(k, []).append(h)
     return Layout(int(uniq.size), chunks,
                   {k: np.array(sorted(v), np.uint64) for k, v in owned.items()}, agents,
-                  methods)
+                  methods, walk_chunks)
 
 
 def _priced(tallies: Sequence[PromptTally], costs: AnswerCosts, first_row: np.ndarray,
@@ -233,6 +271,20 @@ class PlannedChunk:
     texts: list[str]
     hashes: list[int]
     lookups: list[Lookup]
+
+
+def walkers_of(found: PartitionPrompts, walked: np.ndarray) -> dict[int, np.ndarray]:
+    """The ids of a partition's agents on each of the planned walks' prompts it holds (a
+    task, as ``texts_of``)."""
+    mine = np.isin(found.code_hashes, walked)
+    agents = mine[found.codes]
+    order = np.argsort(found.codes[agents], kind="stable")
+    codes = found.codes[agents][order]
+    ids = found.agent_ids[agents][order]
+    cut = np.flatnonzero(np.diff(codes)) + 1
+    return {int(found.code_hashes[group[0]]): members
+            for group, members in zip(np.split(codes, cut), np.split(ids, cut), strict=True)
+            if group.size}
 
 
 def texts_of(found: PartitionPrompts, planned: np.ndarray) -> dict[int, str]:

@@ -19,7 +19,7 @@ import hashlib
 import json
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,9 +27,13 @@ import numpy as np
 from simpipe.answers.distribution import (
     PRUNE_BELOW,
     AnswerDistribution,
+    Cost,
+    LazyTree,
     TooMuchUnseen,
+    WalkedAnswers,
     answer_distribution,
 )
+from simpipe.answers.tree import TreeShape
 from simpipe.config.backends import BACKENDS
 from simpipe.core.seeds import GOLDEN, splitmix64
 from simpipe.games.answer_format import IntegerAnswers
@@ -163,6 +167,28 @@ class Lookup:
     problem: str | None = None
 
 
+@dataclass(frozen=True)
+class Walked:
+    """One prompt's agents walked lazily through its answer tree (``SharedAnswers.walk_chain``):
+    their answers in their order (None for an agent whose walk reached a prefix too
+    unlikely to probe; ``texts`` None: the tree could not be pinned down, ``problem`` says
+    why, and its agents get calls of their own), the probes' cost and the draws' error."""
+
+    texts: list[str | None] | None
+    cost: Cost
+    unseen_mass: float
+    problem: str | None = None
+
+    def answers(self, agent_ids: np.ndarray) -> WalkedAnswers | None:
+        """The walks as the round plan hands them to the partitions, by agent id (sorted,
+        as walked); None where the tree could not be pinned down."""
+        if self.texts is None:
+            return None
+        c = self.cost
+        return WalkedAnswers(agent_ids, tuple(self.texts), self.unseen_mass, c.calls,
+                             c.tokens_in, c.tokens_out)
+
+
 class SharedAnswers:
     """The per-process cache of answer distributions of one back-end."""
 
@@ -218,6 +244,37 @@ class SharedAnswers:
         prunes = ([prune_below(k) for k in agents] if agents is not None
                   else [PRUNE_BELOW] * len(prompts))
         return self._trees(prompts, prunes, settings, max_tokens, bounds, max_unseen)
+
+    def walk_chain(self, prompts: Sequence[str], uniforms: Sequence[np.ndarray],
+                   shape: TreeShape, settings: ChainSettings, max_unseen: float,
+                   on_result: Callable[[int, Walked], None] | None = None) -> list[Walked]:
+        """Prompt ``i``'s agents walked lazily through its tree with their rows of
+        ``uniforms[i]`` (``LazyTree``), the prompts in this order as one chain of probes on
+        the lone slot (each evaluated on top of the prefix its predecessor left, so it costs
+        its distinct suffix), or, where the back-end evaluates prompts in batches
+        (``batched_evaluation``), in its batches fixed by this list. Either way the numbers
+        depend only on the list, so the caller (a partition, or the round plan) makes it
+        the same on every run. ``on_result(i, walked)`` as each prompt is done. A probe that
+        fails (``ProbeError``) costs its prompt its walks; the chain not opening raises."""
+        backend = self.backend
+
+        def walk(i: int, probe: Probe) -> Walked:
+            tree = LazyTree(probe, shape, settings, max_unseen, backend.answer_sampler)
+            try:
+                return Walked(list(tree.walk(uniforms[i])), tree.cost, tree.unseen_mass)
+            except (TooMuchUnseen, ProbeError) as exc:
+                return Walked(None, tree.cost, tree.unseen_mass, str(exc))
+
+        if backend.batched_evaluation:
+            return backend.probe_each(list(prompts), walk, shape.vocab, settings,
+                                      on_result=on_result)
+        walked = []
+        with backend.logprob_chain(shape.vocab, settings) as probe_for:
+            for i, prompt in enumerate(prompts):
+                walked.append(walk(i, probe_for(prompt)))
+                if on_result is not None:
+                    on_result(i, walked[-1])
+        return walked
 
     def _trees(self, prompts: list[str], prunes: list[float], settings: ChainSettings,
                max_tokens: int, bounds: tuple[float, float], max_unseen: float

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 from distributed import Client, Future
 
-from simpipe.agents.llm import distinct_prompts
+from simpipe.agents.llm import agent_seeds, distinct_prompts
 from simpipe.agents.registry import get_policy
 from simpipe.answers.capabilities import backend_walks_lazily, prompt_style
 from simpipe.answers.planner import answer_costs
@@ -28,12 +28,15 @@ from simpipe.answers.round_plan import (
     prompt_tally,
     tally_of,
     texts_of,
+    walkers_of,
 )
-from simpipe.answers.shared import Lookup, prompt_key
+from simpipe.answers.shared import Lookup, prompt_key, step_uniforms
+from simpipe.answers.tree import TreeShape
 from simpipe.config.model import AgentsConfig, Config
+from simpipe.games.answer_format import IntegerAnswers
 from simpipe.games.base import Game
 from simpipe.games.registry import game_for
-from simpipe.inference.types import ChainSettings
+from simpipe.inference.types import ChainSettings, ProbeError
 from simpipe.run.round_task import (
     PartitionJob,
     PartitionOutcome,
@@ -49,7 +52,8 @@ def partition_prompts(job: PartitionJob, feedback: np.ndarray) -> PartitionPromp
     agents = pd.read_parquet(paths.population_part(job.partition))
     turn = partition_turn(job, feedback, len(agents), needs_own_answers=True)
     codes, prompts = distinct_prompts(agents, turn, prompt_style(job.agents))
-    return prompt_tally(job.partition, played, codes, [prompt_key(p) for p in prompts])
+    return prompt_tally(job.partition, played, codes, [prompt_key(p) for p in prompts],
+                        agents["agent_id"].to_numpy())
 
 
 def plan_chunk(settings: AgentsConfig, game: Game, hashes: np.ndarray, agents: np.ndarray,
@@ -79,6 +83,48 @@ def plan_chunk(settings: AgentsConfig, game: Game, hashes: np.ndarray, agents: n
     lookups: list[Lookup] = [None] * len(wanted)  # type: ignore[list-item]
     for i, found in zip(order, chained, strict=True):
         lookups[i] = found
+    return PlannedChunk([texts[h] for h in wanted], wanted, lookups)
+
+
+def plan_walk_chunk(settings: AgentsConfig, game: Game, seed: int, round_index: int,
+                    hashes: np.ndarray, texts_by_part: list[dict[int, str]],
+                    walkers_by_part: list[dict[int, np.ndarray]]) -> PlannedChunk:
+    """Stage 2 for prompts too rare for a full tree (a worker task): each prompt's agents of
+    the whole round (all partitions, by id) walked lazily through its tree once, with the
+    uniforms their partitions would draw (``agent_seeds`` of the run's seed and round), so
+    a partition takes their answers instead of evaluating the prompt again. The chunk's
+    prompts in text order, as one chain (``SharedAnswers.walk_chain``): the list depends
+    only on the prompts and their agents, so the answers are the same on any worker."""
+    wanted = hashes.tolist()
+    texts: dict[int, str] = {}
+    for part in texts_by_part:
+        for h in wanted:
+            if h not in texts and h in part:
+                texts[h] = part[h]
+    walkers = {h: np.sort(np.concatenate([part[h] for part in walkers_by_part if h in part]))
+               for h in wanted}
+    shared = get_policy(settings).shared  # type: ignore[attr-defined]
+    s = settings
+    chain = ChainSettings(s.temperature, s.top_p, s.top_k, s.min_p)
+    language = IntegerAnswers(*game.answer().bounds)
+    order = sorted(range(len(wanted)), key=lambda i: texts[wanted[i]])
+    ids = [walkers[wanted[i]] for i in order]
+    lookups: list[Lookup] = [None] * len(wanted)  # type: ignore[list-item]
+    try:
+        shape = TreeShape(language, shared.backend.answer_vocab(language.alphabet),
+                          s.max_tokens)
+        walked = shared.walk_chain(
+            [texts[wanted[i]] for i in order],
+            [step_uniforms(agent_seeds(seed, round_index, a), s.max_tokens) for a in ids],
+            shape, chain, s.share_max_unseen)
+    except ProbeError as exc:
+        # No vocabulary, or the chain did not open: the partitions walk these prompts.
+        return PlannedChunk([texts[h] for h in wanted], wanted,
+                            [Lookup(None, True, 0, 0, 0, str(exc)) for _ in wanted])
+    for i, agents, w in zip(order, ids, walked, strict=True):
+        c = w.cost
+        lookups[i] = Lookup(w.answers(agents), True, c.calls, c.tokens_in, c.tokens_out,
+                            w.problem)
     return PlannedChunk([texts[h] for h in wanted], wanted, lookups)
 
 
@@ -116,14 +162,23 @@ def plan_round(client: Client, config: Config, jobs: Sequence[PartitionJob], fee
     wait(tallies_f, "prompts")
     plan = layout(client.gather(tallies_f), config.agents.share_min_agents,
                   lazy_walks=backend_walks_lazily(config.agents), costs=answer_costs(config))
-    if not plan.chunks:
+    if not plan.chunks and not plan.walk_chunks:
         return RoundPlan(plan, [])
-    chosen = np.concatenate(plan.chunks)
+    chosen = np.concatenate(plan.chunks + plan.walk_chunks)
     texts = [client.submit(texts_of, f, chosen, key=f"texts-{key}-part-{k}", pure=False)
              for k, f in enumerate(found)]
     game = game_for(config.game)  # the one object of this process: each task pickles it
     chunks = [client.submit(plan_chunk, config.agents, game, hashes, agents, *texts,
                             key=f"plan-{key}-chunk-{i}", pure=False)
               for i, (hashes, agents) in enumerate(zip(plan.chunks, plan.agents, strict=True))]
+    if plan.walk_chunks:
+        walked = np.concatenate(plan.walk_chunks)
+        walkers = [client.submit(walkers_of, f, walked, key=f"walkers-{key}-part-{k}",
+                                 pure=False) for k, f in enumerate(found)]
+        round_index = jobs[0].round_index
+        chunks += [client.submit(plan_walk_chunk, config.agents, game, config.run.seed,
+                                 round_index, hashes, texts, walkers,
+                                 key=f"walk-{key}-chunk-{i}", pure=False)
+                   for i, hashes in enumerate(plan.walk_chunks)]
     wait(chunks, "distributions")
     return RoundPlan(plan, chunks)

@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 from distributed import Client, LocalCluster
 
-from simpipe.answers.distribution import AnswerDistribution
+from simpipe.answers.distribution import AnswerDistribution, WalkedAnswers
 from simpipe.answers.round_plan import (
+    EMPTY_HASHES,
     PlannedChunk,
     PromptTally,
     chunk_size,
@@ -19,8 +20,11 @@ from simpipe.answers.round_plan import (
     planned_for,
     plans_rounds,
     prompt_group,
+    prompt_tally,
+    walk_chunk_size,
+    walkers_of,
 )
-from simpipe.answers.shared import Lookup
+from simpipe.answers.shared import Lookup, prompt_hash
 from simpipe.run.console import Console
 from simpipe.run.simulation import run_simulation
 from simpipe.store.results import read_ledger, read_rounds
@@ -94,6 +98,44 @@ def test_a_resumed_round_plans_only_prompts_of_partitions_still_to_play():
     assert {k: v.tolist() for k, v in plan.owned.items()} == {1: [3]}
 
 
+def test_the_embedded_engine_walks_the_rarer_prompts_once_for_the_whole_round():
+    # Prompt 7: 5 agents over two partitions, too few for a full tree (full_tree_pays), but
+    # walked once by the plan, not once in each partition; prompt 5 (32 agents) gets a
+    # tree; prompt 8 is held only by a partition already on disk: nothing to plan.
+    tallies = [tally(0, {7: 2, 5: 30}), tally(1, {7: 3, 9: 1, 5: 2}),
+               tally(2, {8: 1}, played=False)]
+    plan = layout(tallies, min_agents=2, lazy_walks=True)
+    assert [c.tolist() for c in plan.chunks] == [[5]]
+    assert [c.tolist() for c in plan.walk_chunks] == [[7], [9]]  # two tasks at least
+    assert plan.planned == 3
+    assert plan.methods["walk"] == {"prompts": 3, "agents": 7}
+    assert plan.methods["tree"] == {"prompts": 1, "agents": 32}
+    assert {k: v.tolist() for k, v in plan.owned.items()} == {0: [5, 7], 1: [9]}
+    # Without the embedded engine's lazy walks, rare prompts are the partitions' business.
+    assert layout(tallies, min_agents=2).walk_chunks == []
+
+
+def test_walk_chunks_depend_on_the_prompts_alone():
+    assert [walk_chunk_size(n) for n in (1, 2, 3, 89, 128, 129, 54000)] == \
+        [1, 1, 2, 45, 64, 64, 64]
+    tallies = [tally(k, {h: 1 for h in range(k * 50, k * 50 + 60)}) for k in range(4)]
+    a = layout(tallies, min_agents=2, lazy_walks=True)
+    b = layout(list(reversed(tallies)), min_agents=2, lazy_walks=True)
+    assert [c.tolist() for c in a.walk_chunks] == [c.tolist() for c in b.walk_chunks]
+    assert np.concatenate(a.walk_chunks).tolist() == list(range(210))
+    assert [c.size for c in a.walk_chunks] == [64] * 3 + [18]
+
+
+def test_a_walk_gets_the_ids_of_its_agents_in_each_partition():
+    # Agents 100-105 hold prompts "a", "b", "a", "c", "a", "b" (codes 0, 1, 0, 2, 0, 1).
+    found = prompt_tally(0, True, np.array([0, 1, 0, 2, 0, 1]), ["a", "b", "c"],
+                         np.arange(100, 106))
+    a, b, c = (prompt_hash(k) for k in "abc")
+    got = walkers_of(found, np.array([a, c], np.uint64))
+    assert {h: v.tolist() for h, v in got.items()} == {a: [100, 102, 104], c: [103]}
+    assert walkers_of(found, EMPTY_HASHES) == {}
+
+
 def test_no_partitions_no_plan():
     plan = layout([], min_agents=2)
     assert plan.distinct == 0 and plan.chunks == [] and plan.planned == 0
@@ -141,7 +183,8 @@ def _play_on(workers: int, config) -> None:
 def test_the_same_seed_gives_the_same_guesses_on_one_worker_and_on_two(tmp_path):
     # The real embedded model; round 1's three prompts (8 agents each) are planned and
     # computed on whichever worker; round 2's prompts carry each agent's own answer, too few
-    # agents each for a full tree, so each partition walks them lazily in its own chain.
+    # agents each for a full tree, so the plan walks each prompt's agents lazily, once, in
+    # chunks of walks that do not depend on the workers either.
     sections = {"population": {"size": 24, "partitions": 3,
                                "persona": {"mode": "template",
                                            "template": "You have a {education} education."}},
@@ -160,9 +203,23 @@ def test_the_same_seed_gives_the_same_guesses_on_one_worker_and_on_two(tmp_path)
         ledger = read_ledger(config.run_dir)
         first, second = ledger.round(0), ledger.round(1)
         assert first.planned_prompts == first.distinct_prompts == 3
-        assert second.planned_prompts == 0 and second.model_calls > 0
+        assert second.planned_prompts == second.distinct_prompts > 0
+        assert second.answer_methods["walk"]["prompts"] == second.distinct_prompts
+        assert second.answer_methods["walk"]["agents"] == 24 and second.model_calls > 0
         # Each distribution was computed once, whatever the workers: the tokens on the
         # rows and the model calls in the record are what the engines counted.
         counters = ledger.endpoints["llamacpp"]
         assert rows["tokens_in"].sum() == counters["tokens_in"]
         assert first.model_calls + second.model_calls == counters["requests"]
+
+
+def test_a_planned_walk_hands_each_partition_its_agents_answers_and_charges_one():
+    walked = WalkedAnswers(np.array([3, 8, 20]), (" 12", None, " 40"), 1e-6, 4, 19, 4)
+    chunk = PlannedChunk(["prompt w"], [31], [Lookup(walked, True, 4, 19, 4)])
+    mine = planned_for([chunk], np.array([31], np.uint64))["prompt w"]
+    other = planned_for([chunk], EMPTY_HASHES)["prompt w"]
+    assert (mine.calls, mine.tokens_in, other.calls, other.tokens_in) == (4, 19, 0, 0)
+    # Agent 8's walk reached a prefix that could not be pinned down, and agent 5 was never
+    # walked: both get calls of their own (None), never another agent's answer.
+    uniforms = np.zeros((4, 4))
+    assert other.answers_for(np.array([20, 8, 3, 5]), uniforms) == [" 40", None, " 12", None]
