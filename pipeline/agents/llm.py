@@ -219,8 +219,10 @@ class LLMAgents(AgentPolicy):
                      agent_ids: np.ndarray, seeds: np.ndarray, turn: Turn,
                      stats: DecisionStats) -> None:
         """Each agent's answer walked through its prompt's answer tree with its own
-        uniforms: a tree planned for the round, the process's canonical full tree (a prompt
-        many agents share), or a tree probed lazily in this partition's chain."""
+        uniforms: a tree planned for the round, or the answers the round plan's walk gave
+        it (``WalkedAnswers``), the process's canonical full tree (a prompt many agents
+        share), or a tree probed lazily in this partition's chain (a round not planned, or
+        a planned walk that failed)."""
         s = self.sampling
         settings = ChainSettings(s.temperature, s.top_p, s.top_k, s.min_p)
         answer = turn.game.answer()

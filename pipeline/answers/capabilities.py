@@ -26,7 +26,8 @@ def backend_supports_distributions(agents: AgentsConfig) -> bool:
 
 def backend_walks_lazily(agents: AgentsConfig) -> bool:
     """Whether ``agents.backend`` walks answer trees lazily in a chain of probes (the
-    embedded engine): the round plan then keeps full trees for prompts many agents share."""
+    embedded engine): the round plan then keeps full trees for prompts many agents share
+    and walks the others' agents once for the round."""
     return agents.plugin.is_llm and backend_class(agents.backend).chains_probes
 
 

@@ -16,10 +16,13 @@ played in three stages:
    chunk's prompts then share all but their last lines), and each chunk is one task
    computing its prompts' distributions (``plan_chunk``), reading the prompt texts from the
    stage-1 results (only the planned ones travel: ``texts_of``); the results stay on the
-   workers;
+   workers. On the embedded engine (``lazy_walks``) the other prompts are planned too, as
+   walks: in chunks of ``walk_chunk_size``, each prompt's agents of all partitions (their
+   ids: ``walkers_of``) are walked lazily through its tree once (``plan_walk_chunk``), so a
+   prompt held in five partitions is evaluated once, not five times;
 3. each partition task gets the chunks as arguments (``play_planned_partition``): an agent
-   whose prompt is planned draws from its distribution with its own seed, the others are
-   answered as without a plan.
+   whose prompt is planned draws from its distribution with its own seed, or takes the
+   answer the plan's walk gave it; the others are answered as without a plan.
 
 The chunks depend only on the prompts and their counts, never on the number of workers, and
 each distribution is computed as one lone sequence (``SharedAnswers``), so the same seed

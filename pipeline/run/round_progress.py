@@ -33,10 +33,14 @@ class RoundSnapshot:
     distinct_prompts: int  # summed over partitions: a prompt seen in two counts twice
     model_calls: int
     elapsed_s: float
+    # Seconds since the partitions started playing (after the round plan's stages): agents
+    # are answered only from then on, so the rate and the ETA count from there.
+    playing_s: float | None = None
 
     @property
     def agents_per_s(self) -> float | None:
-        return self.agents_done / self.elapsed_s if self.elapsed_s > 0 else None
+        s = self.elapsed_s if self.playing_s is None else self.playing_s
+        return self.agents_done / s if s > 0 else None
 
     @property
     def eta_s(self) -> float | None:
@@ -78,8 +82,14 @@ class RoundMeter:
         self.on_update = on_update
         self.done: dict[int, PartitionOutcome] = {}
         self.started = time.perf_counter()
+        self._playing_since: float | None = None
         self._last_line = self.started
         self.bar = console.progress(sum(sizes), f"round {round_index + 1}", unit="agent")
+
+    def playing(self) -> None:
+        """The round plan is done and the partitions are submitted: the rate counts from
+        now (a million agents' plan takes minutes in which no agent is answered)."""
+        self._playing_since = time.perf_counter()
 
     def finished(self, outcome: PartitionOutcome) -> None:
         self.done[outcome.partition] = outcome
@@ -97,9 +107,11 @@ class RoundMeter:
                 agents += counts.agents
                 distinct += counts.distinct
                 calls += counts.calls
+        now = time.perf_counter()
         return RoundSnapshot(self.round, len(self.done), len(self.sizes), agents,
-                             sum(self.sizes), distinct, calls,
-                             time.perf_counter() - self.started)
+                             sum(self.sizes), distinct, calls, now - self.started,
+                             None if self._playing_since is None
+                             else now - self._playing_since)
 
     def update(self, force: bool = False) -> RoundSnapshot:
         snap = self.snapshot()
@@ -110,7 +122,8 @@ class RoundMeter:
         self.ledger.record_progress(
             snap.round, snap.partitions_done, snap.partitions_total, snap.agents_done,
             snap.elapsed_s, force=force, agents_total=snap.agents_total,
-            distinct_prompts=snap.distinct_prompts, model_calls=snap.model_calls)
+            distinct_prompts=snap.distinct_prompts, model_calls=snap.model_calls,
+            playing_s=snap.playing_s)
         now = time.perf_counter()
         if now - self._last_line >= LINE_EVERY_S and snap.partitions_done < len(self.sizes):
             self._last_line = now

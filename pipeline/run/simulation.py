@@ -30,7 +30,11 @@ from distributed import Client, Future, as_completed
 from simpipe.agents.mix import round_split, round_text
 from simpipe.agents.progress import ProgressWatch
 from simpipe.agents.registry import close_engines_on_shutdown, process_counters
-from simpipe.answers.capabilities import backend_supports_distributions, prompt_style
+from simpipe.answers.capabilities import (
+    backend_supports_distributions,
+    backend_walks_lazily,
+    prompt_style,
+)
 from simpipe.answers.planner import record_spent
 from simpipe.answers.round_plan import plans_rounds
 from simpipe.answers.shared import sharing_refusal
@@ -262,6 +266,7 @@ def _play_round(client: Client, config: Config, paths: RunPaths, meter: RoundMet
                                                         f"{label}",
                                                         paths, meter.console))
         plan_s = time.perf_counter() - t_plan
+    meter.playing()
     futures = [
         plan.submit_partition(client, job, feedback_future,
                               key=f"play-round-{r}-part-{job.partition}-{token}")
@@ -389,9 +394,12 @@ def _answers_plan(config: Config, agents: AgentsConfig, value: str | None) -> st
                               backend_supports_distributions(agents), prompt_style(agents))
     if refusal is None:
         if plans_rounds(config):
+            rest = ("the other prompts' agents are walked through their trees once, all "
+                    "together" if backend_walks_lazily(agents) else
+                    "the other prompts get n samples or a call per agent, as priced")
             return (f"{who}: each round's distinct prompts are planned once for the whole "
                     "population; a distribution many agents share is computed once, on one "
-                    "worker, the rest walked per partition; agents draw with their own seeds")
+                    f"worker; {rest}; agents draw with their own seeds")
         return (f"{who}: each distinct prompt's answer distribution is computed once per "
                 "worker; agents draw from it with their own seeds")
     return f"{who}: one model call per agent ({refusal})"

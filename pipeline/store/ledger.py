@@ -117,10 +117,14 @@ class Ledger:
 
     def record_progress(self, round_index: int, done: int, total: int, agents_done: int,
                         elapsed_s: float, force: bool = False, *, agents_total: int = 0,
-                        distinct_prompts: int = 0, model_calls: int = 0) -> None:
+                        distinct_prompts: int = 0, model_calls: int = 0,
+                        playing_s: float | None = None) -> None:
         """Live progress for watchers (the UI), counted in agents (those of partitions
-        still playing included); saved at most twice a second. ``round_index`` from 0."""
-        rate = agents_done / elapsed_s if elapsed_s > 0 else None
+        still playing included); saved at most twice a second. ``round_index`` from 0;
+        ``playing_s``: seconds since the partitions started (after a round plan), which the
+        rate and the ETA count from (``RoundSnapshot``)."""
+        span = elapsed_s if playing_s is None else playing_s
+        rate = agents_done / span if span > 0 else None
         eta = ((agents_total - agents_done) / rate
                if rate and agents_total >= agents_done else None)
         self._update(progress=Progress(

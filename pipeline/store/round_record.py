@@ -84,7 +84,7 @@ class RoundRecord(_ClosedRecord):
     unseen_mass_max: float = 0.0
     prompt_tokens_evaluated: NonNegative = 0  # a cached common prefix is not evaluated again
     prompt_tokens_per_distinct_prompt: float | None = None
-    planned_prompts: NonNegative = 0  # distributions the round plan computed (round_plan)
+    planned_prompts: NonNegative = 0  # prompts the round plan answered: trees and walks
     plan_s: float | None = None  # the plan's wall time (its stages 1 and 2)
     # How the plan answered the round's distinct prompts: per method its prompts and agents,
     # and where priced the predicted and (emulated fleets) spent GPU seconds

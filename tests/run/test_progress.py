@@ -129,6 +129,26 @@ def test_the_progress_line_states_agents_prompts_calls_and_eta():
     assert format_eta(None) == "ETA -" and format_eta(7300) == "ETA 2h01m"
 
 
+def test_the_rate_and_eta_count_from_when_the_partitions_started_playing(tmp_path):
+    # A million agents' round plan took an hour in which no agent was answered; then the
+    # partitions answered 100,000 agents in 100 s. The ETA is the 900 s that rate gives,
+    # not the 9 hours the round's whole elapsed time would.
+    snap = RoundSnapshot(round=2, partitions_done=0, partitions_total=16, agents_done=100_000,
+                         agents_total=1_000_000, distinct_prompts=35_000, model_calls=0,
+                         elapsed_s=3_700.0, playing_s=100.0)
+    assert snap.agents_per_s == 1_000.0 and snap.eta_s == 900.0
+    assert snapshot_line(snap, 3).endswith("1,000.0 agents/s, ETA 15m00s")
+    from simpipe.store.ledger import open_run_dir
+
+    config = small_config(tmp_path)
+    ledger = open_run_dir(RunPaths(config.run_dir), config, resume=False, force=False)
+    ledger.record_progress(2, 0, 16, 100_000, 3_700.0, force=True, agents_total=1_000_000,
+                           playing_s=100.0)
+    progress = read_ledger(config.run_dir).progress
+    assert (progress.elapsed_s, progress.agents_per_s, progress.eta_s) == (3_700.0, 1_000.0,
+                                                                           900.0)
+
+
 def test_one_call_per_agent_moves_the_round_before_the_partition_returns(client, tmp_path):
     # A chain of thought takes seconds per agent: the progress counted agents only when the
     # partition's whole batch returned ("0 prompts, 0 calls, ETA -" for minutes). One
