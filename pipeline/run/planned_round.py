@@ -63,11 +63,7 @@ def plan_chunk(settings: AgentsConfig, game: Game, hashes: np.ndarray, agents: n
     chunk's task); ``agents``: the round's agents on each (how much of a tree is worth
     probing)."""
     wanted = hashes.tolist()
-    texts: dict[int, str] = {}
-    for part in texts_by_part:
-        for h in wanted:
-            if h not in texts and h in part:
-                texts[h] = part[h]
+    texts = _texts(wanted, texts_by_part)
     policy = get_policy(settings)
     shared = policy.shared  # type: ignore[attr-defined]
     s = settings
@@ -96,11 +92,7 @@ def plan_walk_chunk(settings: AgentsConfig, game: Game, seed: int, round_index: 
     prompts in text order, as one chain (``SharedAnswers.walk_chain``): the list depends
     only on the prompts and their agents, so the answers are the same on any worker."""
     wanted = hashes.tolist()
-    texts: dict[int, str] = {}
-    for part in texts_by_part:
-        for h in wanted:
-            if h not in texts and h in part:
-                texts[h] = part[h]
+    texts = _texts(wanted, texts_by_part)
     walkers = {h: np.sort(np.concatenate([part[h] for part in walkers_by_part if h in part]))
                for h in wanted}
     shared = get_policy(settings).shared  # type: ignore[attr-defined]
@@ -126,6 +118,16 @@ def plan_walk_chunk(settings: AgentsConfig, game: Game, seed: int, round_index: 
         lookups[i] = Lookup(w.answers(agents), True, c.calls, c.tokens_in, c.tokens_out,
                             w.problem)
     return PlannedChunk([texts[h] for h in wanted], wanted, lookups)
+
+
+def _texts(wanted: list[int], texts_by_part: Sequence[dict[int, str]]) -> dict[int, str]:
+    """The texts of the ``wanted`` hashes, from the partitions' ``texts_of``."""
+    texts: dict[int, str] = {}
+    for part in texts_by_part:
+        for h in wanted:
+            if h not in texts and h in part:
+                texts[h] = part[h]
+    return texts
 
 
 def play_planned_partition(job: PartitionJob, feedback: np.ndarray, owned: np.ndarray,
