@@ -11,6 +11,7 @@ import pytest
 from distributed import Client, Event, LocalCluster
 
 from simpipe.agents.progress import AgentCounts, ProgressWatch, report_agents, reporting
+from simpipe.answers.round_plan import plans_rounds
 from simpipe.run.console import Console
 from simpipe.run.round_progress import RoundSnapshot, format_eta, snapshot_line
 from simpipe.run.simulation import RoundObserver, run_simulation
@@ -189,16 +190,26 @@ def test_embedded_chains_of_thought_are_counted_as_each_answer_ends(client, tmp_
 @pytest.mark.slow
 def test_an_llm_partition_reports_agents_before_it_finishes(client, tmp_path):
     # One partition; education and age: about fifteen prompts of one agent each, too few
-    # for a full tree, so each is walked lazily, in batches of eight prompts evaluated
-    # together, and reported as its agents' walks end: the first batch's agents before the
-    # last batch ends.
+    # for a full tree. A population mixed by ``model`` is not planned (each group is
+    # answered by its own policy), so the partition walks each prompt lazily itself, in
+    # batches of eight prompts evaluated together, and reports as its agents' walks end:
+    # the first batch's agents before the last batch ends. (A planned round walks them in
+    # its plan's tasks, shown as the plan's progress.)
     config = small_config(
         tmp_path, population={"size": 15, "partitions": 1,
+                              "attributes": {
+                                  "education": {"values": {"High School": 1,
+                                                           "Bachelor's Degree": 1,
+                                                           "Ph.D.": 1}},
+                                  "age": {"min": 18, "max": 80},
+                                  "model": {"values": {"gemma": 1}}},
                               "persona": {"mode": "template",
                                           "template": "Your education: {education}, "
                                                       "age {age}."}},
         game={"rounds": 1},
-        agents={"backend": "llamacpp", "max_tokens": 4, "llamacpp": {"n_parallel": 4}})
+        agents={"backend": "llamacpp", "max_tokens": 4, "llamacpp": {"n_parallel": 4},
+                "by": {"model": {"gemma": {}}}})
+    assert not plans_rounds(config)
     observer = _Snapshots()
     run_simulation(config, client=client, console=QUIET, observer=observer)
     partial = [s for s in observer.seen
