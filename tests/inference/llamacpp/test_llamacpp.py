@@ -143,9 +143,9 @@ def test_default_model_path_is_reused(tmp_path, monkeypatch):
     fresh = default_model_path()
     assert fresh == tmp_path / "models" / path.name
     assert fresh.stat().st_size == path.stat().st_size
-    # No temp files left: the model and the record of its verified hash.
+    # No temp files left: the model, the record of its verified hash, the lock.
     assert sorted(p.name for p in fresh.parent.iterdir()) == sorted(
-        [path.name, f".{path.name}.sha256.json"])
+        [path.name, f".{path.name}.sha256.json", f".{path.name}.lock"])
 
 
 def _post(url: str, body: dict) -> dict:

@@ -6,6 +6,7 @@ broken one refused."""
 from __future__ import annotations
 
 import hashlib
+import multiprocessing
 import os
 import struct
 from pathlib import Path
@@ -118,9 +119,43 @@ def test_a_damaged_default_model_of_the_right_size_is_assembled_again(tmp_path, 
     assert path.stat().st_size == size and _sha256(path) != gemma.EXPECTED_SHA256
     assert default_model_path() == path
     assert _sha256(path) == gemma.EXPECTED_SHA256
-    # What is left in the folder: the model and the record of its verified hash.
+    # What is left in the folder: the model, the record of its verified hash, the lock.
     names = sorted(p.name for p in path.parent.iterdir())
-    assert names == sorted([path.name, f".{path.name}.sha256.json"])
+    assert names == sorted([path.name, f".{path.name}.sha256.json", f".{path.name}.lock"])
+
+
+def _ask_for_the_default_model(home: str, all_asked, out) -> None:
+    """One worker of a first run: ask for the model, keep what it named (as a loaded model
+    keeps its file), and after every worker has asked, say whether that is still the file."""
+    os.environ["SIMPIPE_HOME"] = home
+    path = default_model_path()
+    st = path.stat()
+    held = (st.st_ino, st.st_ctime_ns)
+    all_asked.wait(timeout=120)
+    now = path.stat()
+    out.put((held, (now.st_ino, now.st_ctime_ns)))
+
+
+def test_workers_asking_for_the_default_model_at_once_all_keep_the_same_file(tmp_path):
+    # A first run on a fresh machine: every Dask worker assembles the default model at the
+    # same moment. A worker that loaded the first copy failed with "it was replaced or
+    # rewritten since llama.cpp loaded it" when another renamed its own copy over it.
+    spawn = multiprocessing.get_context("spawn")
+    n = 4
+    all_asked, out = spawn.Barrier(n), spawn.Queue()
+    ask = (str(tmp_path), all_asked, out)
+    workers = [spawn.Process(target=_ask_for_the_default_model, args=ask) for _ in range(n)]
+    for w in workers:
+        w.start()
+    seen = [out.get(timeout=180) for _ in workers]
+    for w in workers:
+        w.join(timeout=30)
+        assert w.exitcode == 0
+    assert all(held == now for held, now in seen), seen
+    assert len({held for held, _ in seen}) == 1
+    path = tmp_path / "models" / gemma.MODEL_NAME
+    assert _sha256(path) == gemma.EXPECTED_SHA256
+    assert not [p for p in path.parent.iterdir() if p.name.endswith(".tmp")]
 
 
 def test_a_damaged_hash_record_only_costs_a_hash(tmp_path, monkeypatch):
