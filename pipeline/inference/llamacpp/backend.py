@@ -449,28 +449,18 @@ class LlamaCppBackend(Backend):
         self._lock = EngineLock()
         self.prompt_style = settings.prompt_style
         self.model_path = resolve_model_path(settings)
-        # The file as the server loads it (taken before the load: a file swapped during it
-        # then reads as changed, never the other way round); the exact answer logits read
-        # it again later and must read this one (``hidden.ModelFile``).
+        # The file as the back-end first saw it: the server and the exact answer logits
+        # each load it later and must load this one (``hidden.ModelFile``).
         try:
             self._model_file = ModelFile.of(self.model_path)
         except OSError as exc:
             raise ModelFileError(f"{MODEL_KEY} = {str(self.model_path)!r}: {exc}") from None
-        params = build_params(
-            self.model_path,
-            n_parallel=settings.n_parallel,
-            n_ctx=settings.n_ctx,
-            threads=settings.threads,
-        )
-        try:
-            self._server: Any = open_engine(params)
-        except RuntimeError as exc:  # xllamacpp's one error for a model it cannot load
-            model = settings.model_path or str(self.model_path)
-            raise ModelFileError(
-                f"{MODEL_KEY} = {model!r}: llama.cpp cannot load it with these settings "
-                f"({exc}); its log lines above say why: a file that is no model llama.cpp "
-                "reads (remove the key to use the default model), or agents.llamacpp "
-                "settings (n_ctx, n_parallel) too large for this machine's memory") from None
+        # The server (a second copy of the model in memory, ~1 s of load per worker) is
+        # started on first use: a planned round's answers come from the exact answer
+        # logits alone and never need it (``_engine``).
+        self._server: Any = None
+        self._closed = False
+        self._open_lock = threading.Lock()
         self.llguidance = build_has_llguidance()
         # One blocked thread per slot keeps every slot busy; more would only queue
         # inside llama.cpp.
@@ -490,11 +480,40 @@ class LlamaCppBackend(Backend):
     @property
     def listening_address(self) -> str:
         """Where the in-process server's (unused) HTTP listener is bound."""
-        return self._server.listening_address
+        server = self._engine()
+        if server is None:
+            raise ProbeError("the llama.cpp back-end is closed")
+        return server.listening_address
+
+    def _engine(self) -> Any:
+        """The server, started on first use (blocking, once); None once closed.
+        ModelFileError naming the key when llama.cpp cannot load the model, or when the file
+        is no longer the one the back-end was made with."""
+        with self._open_lock:
+            if self._server is None and not self._closed:
+                s = self.settings
+                params = build_params(self.model_path, n_parallel=s.n_parallel,
+                                      n_ctx=s.n_ctx, threads=s.threads)
+                try:
+                    self._model_file.check()
+                    server = open_engine(params)
+                    self._model_file.check()  # (a file swapped during the load)
+                except ModelFileChanged as exc:
+                    raise ModelFileError(str(exc)) from None
+                except RuntimeError as exc:  # xllamacpp's one error for a model it cannot load
+                    model = s.model_path or str(self.model_path)
+                    raise ModelFileError(
+                        f"{MODEL_KEY} = {model!r}: llama.cpp cannot load it with these "
+                        f"settings ({exc}); its log lines above say why: a file that is no "
+                        "model llama.cpp reads (remove the key to use the default model), or "
+                        "agents.llamacpp settings (n_ctx, n_parallel) too large for this "
+                        "machine's memory") from None
+                self._server = server
+            return self._server
 
     def _call(self, is_chat: bool, body: dict) -> GenerationResult:
         """One request; the caller holds the engine lock (shared or exclusive)."""
-        server = self._server
+        server = self._engine()
         if server is None:
             return _error("the llama.cpp back-end is closed", 0.0)
         start = time.perf_counter()
@@ -562,7 +581,7 @@ class LlamaCppBackend(Backend):
         """The exact answer-token logits for ``vocab`` (``hidden``) where they decide
         llama.cpp's draw: sampler settings that do not truncate (the defaults) and a model
         whose output the check reproduces; None otherwise (the reason is logged once)."""
-        if settings.truncates or self._server is None:
+        if settings.truncates or self._closed:
             return None
         with self._hidden_lock:  # partitions of one worker may ask at once: one engine
             return self._answer_logits_for(frozenset(vocab.pieces) | vocab.eog_ids)
@@ -637,7 +656,7 @@ class LlamaCppBackend(Backend):
         """
         exact = (self.exact_answer_logits(vocab, settings)
                  if vocab is not None and settings is not None else None)
-        if self._server is None:
+        if self._closed:
             raise ProbeError("the llama.cpp back-end is closed")
         with self._lock.exclusive():
             hidden = self._hidden
@@ -736,7 +755,7 @@ class LlamaCppBackend(Backend):
     def _server_probes(self) -> Callable[[str], Probe]:
         """``probe_for`` of a chain through the server's ``n_probs``; the caller holds the
         exclusive engine lock."""
-        if self._server is None:
+        if self._engine() is None:
             raise ProbeError("the llama.cpp back-end is closed")
         fresh = True
 
@@ -775,9 +794,10 @@ class LlamaCppBackend(Backend):
 
     async def generate(self, requests: Sequence[GenerationRequest], *,
                        reproducible: bool = False) -> list[GenerationResult]:
-        if self._server is None:
-            return [_error("the llama.cpp back-end is closed", 0.0) for _ in requests]
         loop = asyncio.get_running_loop()
+        # Started here, once, rather than by the first of n_parallel pool threads.
+        if await loop.run_in_executor(self._pool, self._engine) is None:
+            return [_error("the llama.cpp back-end is closed", 0.0) for _ in requests]
         told = answer_listener()
         if self.serial or reproducible:
             results = await loop.run_in_executor(self._pool, self._serial_calls, requests, told)
@@ -805,7 +825,9 @@ class LlamaCppBackend(Backend):
         return {ENDPOINT: self._counters.as_dict()}
 
     async def aclose(self) -> None:
-        server, self._server = self._server, None
+        with self._open_lock:  # (not while the server is being started)
+            self._closed = True
+            server, self._server = self._server, None
         self._pool.shutdown(wait=True)
         hidden, self._hidden = self._hidden, None
         if hidden is not None:

