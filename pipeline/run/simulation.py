@@ -61,6 +61,7 @@ from simpipe.run.round_task import (
     play_partition,
 )
 from simpipe.run.sigterm import sigterm_as_interrupt
+from simpipe.run.worker_errors import quiet_user_errors_on_workers
 from simpipe.store.integrity import read_summary, round_problems
 from simpipe.store.layout import RunPaths, as_stored
 from simpipe.store.ledger import Ledger, RunDirError, answers_source, open_run_dir
@@ -164,6 +165,7 @@ def _run(executor: Executor, config: Config, resume: bool, force: bool, console:
     try:
         remove_stale_temps(paths.root)
         paths.cancel_flag.unlink(missing_ok=True)
+        quiet_user_errors_on_workers(dask_client)
         if uses_llm(config.agents):
             close_engines_on_shutdown(dask_client)
         if dask_client.dashboard_link:

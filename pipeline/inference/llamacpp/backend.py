@@ -46,7 +46,7 @@ from simpipe.inference.base import (
     answer_listener,
 )
 from simpipe.inference.llamacpp.batch import Batches
-from simpipe.inference.llamacpp.gguf_vocab import answer_vocab
+from simpipe.inference.llamacpp.gguf_vocab import GgufError, answer_vocab
 from simpipe.inference.llamacpp.hidden import (
     AnswerLogits,
     HiddenStateEngine,
@@ -554,14 +554,20 @@ class LlamaCppBackend(Backend):
 
     def answer_vocab(self, alphabet: frozenset[str]) -> AnswerVocab:
         """End-of-generation ids and the tokens spelling ``alphabet``, from the GGUF file;
-        ModelFileError naming the key when the file is no longer the one the server loaded
-        (its ids could be another vocabulary's)."""
+        ModelFileError naming the key when the file is no longer the one the back-end was
+        made with (its ids could be another vocabulary's), or has no vocabulary to read (a
+        planned round reads it before anything loads the model)."""
         try:
             self._model_file.check()
             found = answer_vocab(str(self.model_path), alphabet)
             self._model_file.check()
         except ModelFileChanged as exc:
             raise ModelFileError(str(exc)) from None
+        except GgufError as exc:
+            model = self.settings.model_path or str(self.model_path)
+            why = str(exc).removeprefix(f"{self.model_path}: ")
+            raise ModelFileError(f"{MODEL_KEY} = {model!r}: {why}: no model llama.cpp can use "
+                                 "(remove the key to use the default model)") from None
         return found
 
     @contextlib.contextmanager

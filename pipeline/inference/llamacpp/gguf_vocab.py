@@ -51,7 +51,19 @@ def _read_metadata(path: Path, wanted: tuple[str, ...] = _WANTED
 def _read_gguf(path: Path, wanted: tuple[str, ...], tensors: bool = False
                ) -> tuple[dict[str, object], dict[str, tuple[tuple[int, ...], int, int]]]:
     """(the ``wanted`` metadata keys, and with ``tensors`` each tensor's (dims, ggml type,
-    absolute offset of its data in the file)) of a GGUF file."""
+    absolute offset of its data in the file)) of a GGUF file; GgufError for a file that is
+    none, or whose metadata is damaged or cut short (read past its end)."""
+    try:
+        return _parse_gguf(path, wanted, tensors)
+    except GgufError:
+        raise
+    except (struct.error, ValueError, IndexError, OverflowError, MemoryError) as exc:
+        raise GgufError(f"{path}: its GGUF metadata is damaged or cut short "
+                        f"({type(exc).__name__}: {exc})") from None
+
+
+def _parse_gguf(path: Path, wanted: tuple[str, ...], tensors: bool
+                ) -> tuple[dict[str, object], dict[str, tuple[tuple[int, ...], int, int]]]:
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
         if buf[:4] != _MAGIC:
             raise GgufError(f"{path}: not a GGUF file")

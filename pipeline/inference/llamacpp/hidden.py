@@ -27,10 +27,11 @@ A chain of probes runs in one sequence from an empty cache, each prompt reusing 
 longest prefix the chain itself left, so a fixed sequence of probes gives bit-identical
 logits on every run (the same rule as the server path, ``LlamaCppBackend.logprob_chain``).
 
-``HiddenStateEngine`` and ``AnswerLogits`` read the GGUF file again, long after the server
-loaded it: ``ModelFile`` is the file's identity as the server loaded it, and a file
-replaced or rewritten since raises ``ModelFileChanged`` (the back-end then keeps the
-server's probes, which come from the model its sampled calls use).
+``HiddenStateEngine`` and ``AnswerLogits`` read the GGUF file again, apart from the
+server's load (before or after it: the server starts on first use): ``ModelFile`` is the
+file's identity when the back-end was made, and a file replaced or rewritten since raises
+``ModelFileChanged`` (the back-end then keeps the server's probes, which come from the
+model its sampled calls use).
 """
 
 from __future__ import annotations

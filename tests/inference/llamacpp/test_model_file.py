@@ -9,6 +9,7 @@ import asyncio
 import hashlib
 import multiprocessing
 import os
+import random
 import struct
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from simpipe.inference.llamacpp.backend import (
     default_model_path,
     resolve_model_path,
 )
+from simpipe.inference.llamacpp.gguf_vocab import GgufError, answer_vocab
 from simpipe.inference.settings import LlamaCppSettings
 
 from support import REPO, one_error_line, simpipe_cli
@@ -179,3 +181,31 @@ def test_a_damaged_hash_record_only_costs_a_hash(tmp_path, monkeypatch):
         assert default_model_path() == path
         assert path.stat().st_mtime_ns == mtime  # hashed again, not assembled again
         assert _sha256(path) == gemma.EXPECTED_SHA256
+
+
+@pytest.mark.llm
+def test_a_run_on_a_gguf_file_that_is_no_model_ends_in_one_line_naming_the_key(tmp_path):
+    # It passes `simpipe validate` (it starts with GGUF) and fails on the workers, where
+    # each of round 1's chunks meets it: one line, the key and the fix, and none of dask's
+    # per-task "Compute Failed" tracebacks.
+    path = tmp_path / "m.gguf"
+    path.write_bytes(_gguf_header() + os.urandom(1024))
+    proc = simpipe_cli("run", str(QUICKSTART), "--set", f"{KEY}='{path}'",
+                       "--set", f"run.output_dir='{tmp_path / 'results'}'")
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr and "Compute Failed" not in proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert errors == [f"error: {KEY} = '{path}': no tokenizer.ggml.tokens in the GGUF "
+                      "metadata: no model llama.cpp can use (remove the key to use the "
+                      "default model)"], proc.stderr
+
+
+@pytest.mark.parametrize("tail", [b"", random.Random(7).randbytes(64), b"\xff" * 64],
+                         ids=["empty", "noise", "all-ones"])
+def test_damaged_gguf_metadata_is_one_gguf_error(tmp_path, tail):
+    # A header that promises metadata the file does not hold: read past its end, or
+    # lengths and counts that are noise, never a struct.error from deep inside.
+    path = tmp_path / "m.gguf"
+    path.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 2, 5) + tail)
+    with pytest.raises(GgufError, match="not a GGUF file|damaged or cut short|unknown GGUF"):
+        answer_vocab(str(path), frozenset("0123456789"))
