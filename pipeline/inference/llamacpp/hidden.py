@@ -168,6 +168,8 @@ class _Batch(ctypes.Structure):
 
 
 _EVAL_CALLBACK = ctypes.CFUNCTYPE(ctypes.c_bool, _P, ctypes.c_bool, _P)
+_LOG_CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, _P)
+GGML_LOG_ERROR, GGML_LOG_CONT = 4, 5  # ggml_log_level values
 _FROM_FLOAT = ctypes.CFUNCTYPE(None, _P, _P, ctypes.c_int64)
 _VEC_DOT = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.POINTER(ctypes.c_float), ctypes.c_size_t,
                             _P, ctypes.c_size_t, _P, ctypes.c_size_t, ctypes.c_int)
@@ -209,6 +211,7 @@ _SIGNATURES: dict[str, tuple[list, object]] = {
     "llama_get_logits_ith": ([_P, ctypes.c_int32], ctypes.POINTER(ctypes.c_float)),
     "llama_tokenize": ([_P, ctypes.c_char_p, ctypes.c_int32, ctypes.POINTER(ctypes.c_int32),
                         ctypes.c_int32, ctypes.c_bool, ctypes.c_bool], ctypes.c_int32),
+    "llama_log_set": ([_LOG_CALLBACK, _P], None),
     "ggml_get_name": ([_P], ctypes.c_char_p),
     "ggml_get_data_f32": ([_P], ctypes.POINTER(ctypes.c_float)),
     "ggml_nelements": ([_P], ctypes.c_int64),
@@ -249,8 +252,32 @@ def _typed_api() -> ctypes.CDLL:
     except (OSError, AttributeError, KeyError, TypeError) as exc:
         raise HiddenStateUnavailable(f"xllamacpp's module does not export llama.cpp's C API "
                                      f"as this code expects ({exc})") from None
+    lib.llama_log_set(_ERRORS_ONLY, None)
     lib.llama_backend_init()
     return lib
+
+
+class _ErrorsOnly:
+    """llama.cpp's log through the C API: its error lines (and their continuations) to
+    stderr, the rest dropped. Its default callback prints every line of every model load
+    and, on each decode, the graph's input tensors: half a megabyte on the quickstart's
+    terminal. The server installs its own callback (``verbosity``) when it starts."""
+
+    def __init__(self) -> None:
+        self.in_error = False
+
+    def __call__(self, level: int, text: bytes | None, _user: int) -> None:
+        try:
+            if level != GGML_LOG_CONT:
+                self.in_error = level >= GGML_LOG_ERROR
+            if self.in_error and text:
+                sys.stderr.write(text.decode("utf-8", "replace"))
+        except Exception:  # noqa: BLE001 -- nothing may cross into C; a lost log line is all
+            pass
+
+
+#: Module-level: the callback must outlive every call llama.cpp makes through it.
+_ERRORS_ONLY = _LOG_CALLBACK(_ErrorsOnly())
 
 
 class AnswerLogits:

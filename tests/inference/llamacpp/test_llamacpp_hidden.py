@@ -10,6 +10,7 @@ import logging
 import os
 import platform
 import shutil
+import subprocess
 import sys
 import time
 import tomllib
@@ -399,3 +400,27 @@ def test_the_ggml_type_trait_copies_read_the_librarys_values():
     f32 = api.ggml_get_type_traits(llamacpp_hidden.GGML_F32).contents
     assert (f32.type_name, f32.blck_size, f32.type_size, f32.is_quantized) == (b"f32", 1, 4,
                                                                                False)
+
+
+@pytest.mark.llm
+def test_the_hidden_state_engine_prints_nothing_but_llama_cpps_errors(tmp_path):
+    """In a process where the server never started (a planned round's worker), llama.cpp's
+    default log would print every line of the model load and of each decode (half a
+    megabyte on the quickstart's terminal); only its errors reach stderr."""
+    script = ("from simpipe.inference.llamacpp.backend import default_model_path\n"
+              "from simpipe.inference.llamacpp.hidden import HiddenStateEngine\n"
+              "e = HiddenStateEngine(default_model_path(), threads=1, n_ctx=512)\n"
+              "e.hidden_after(e.tokenize('Round 3 of 5. My number:'))\n"
+              "e.close()\n"
+              "HiddenStateEngine(__import__('sys').argv[1], threads=1, n_ctx=512)\n")
+    cut = tmp_path / "cut.gguf"
+    with default_model_path().open("rb") as f:
+        cut.write_bytes(f.read(20_000_000))  # a download cut short: llama.cpp says why
+    proc = subprocess.run([sys.executable, "-c", script, str(cut)], capture_output=True,
+                          text=True, timeout=120)
+    assert "HiddenStateUnavailable" in proc.stderr  # the last line failed, as it must
+    llama_lines = [line for line in proc.stderr.splitlines()
+                   if not line.startswith(("Traceback", "  ", "simpipe.", "    "))]
+    assert llama_lines and all("error" in line or "fail" in line or "Unavailable" in line
+                               for line in llama_lines), llama_lines
+    assert len(proc.stderr) < 4000, proc.stderr[:2000]
