@@ -489,6 +489,9 @@ class LlamaCppBackend(Backend):
         """The server, started on first use (blocking, once); None once closed.
         ModelFileError naming the key when llama.cpp cannot load the model, or when the file
         is no longer the one the back-end was made with."""
+        server = self._server
+        if server is not None:  # every call after the first: no lock
+            return server
         with self._open_lock:
             if self._server is None and not self._closed:
                 s = self.settings
