@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 import subprocess
@@ -10,6 +9,8 @@ from collections.abc import Iterator
 
 import pytest
 from distributed import Client, LocalCluster
+
+from simpipe.core.files import exclusive_lock
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -44,13 +45,8 @@ def one_slurm_test_at_a_time(request: pytest.FixtureRequest,
             "PYTEST_XDIST_WORKER" not in os.environ:
         yield
         return
-    lock = tmp_path_factory.getbasetemp().parent / "slurm.lock"
-    with lock.open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    with exclusive_lock(tmp_path_factory.getbasetemp().parent / "slurm.lock"):
+        yield
 
 
 @pytest.fixture(scope="session")

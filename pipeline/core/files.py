@@ -6,9 +6,11 @@ readers skip them and ``os.replace`` stays on one filesystem.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import uuid
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -70,3 +72,18 @@ def move_aside(path: Path) -> Path:
         n += 1
     path.rename(target)
     return target
+
+
+@contextlib.contextmanager
+def exclusive_lock(lock_path: Path) -> Iterator[None]:
+    """Hold an exclusive advisory lock (``flock``) on ``lock_path``, created if absent, for
+    processes that must take turns. The file is left in place: removing it would let a
+    waiter lock a file that a newcomer no longer sees."""
+    import fcntl  # POSIX only: imported where a lock is taken, not with this module
+
+    with lock_path.open("a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
-import fcntl
 import functools
 import hashlib
 import json
@@ -28,6 +27,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from simpipe.core.errors import SimpipeError
+from simpipe.core.files import exclusive_lock
 from simpipe.core.home import simpipe_home
 from simpipe.inference.answer_checks import (
     MalformedAnswer,
@@ -95,7 +95,7 @@ def default_model_path() -> Path:
     gemma.verify_chunks()
     if _verified(final, gemma.EXPECTED_SHA256):  # the common case takes no lock
         return final
-    with _exclusive(models / f".{gemma.MODEL_NAME}.lock"):
+    with exclusive_lock(models / f".{gemma.MODEL_NAME}.lock"):
         if _verified(final, gemma.EXPECTED_SHA256):  # another process assembled it
             return final
         tmp = models / f".{gemma.MODEL_NAME}.{os.getpid()}.{uuid.uuid4().hex}.tmp"
@@ -106,18 +106,6 @@ def default_model_path() -> Path:
             tmp.unlink(missing_ok=True)
         _record_hash(final, gemma.EXPECTED_SHA256)
     return final
-
-
-@contextlib.contextmanager
-def _exclusive(lock_path: Path) -> Iterator[None]:
-    """Hold an exclusive advisory lock on ``lock_path`` (created if absent). The file is
-    left in place: removing it would let a waiter lock a file no newcomer sees."""
-    with lock_path.open("a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 # The verified hash is recorded beside the model with the file's identity, so that each
