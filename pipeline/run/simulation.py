@@ -16,8 +16,10 @@ dataframe optimizer may fuse small Parquet files into one partition, and the out
 
 from __future__ import annotations
 
+import functools
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -266,7 +268,9 @@ def _play_round(client: Client, config: Config, paths: RunPaths, meter: RoundMet
                           lambda futures, label: _await(client, futures,
                                                         f"round {r + 1}/{config.game.rounds} "
                                                         f"{label}",
-                                                        paths, meter.console))
+                                                        paths, meter.console,
+                                                        functools.partial(meter.planning,
+                                                                          label)))
         plan_s = time.perf_counter() - t_plan
     meter.playing()
     futures = [
@@ -301,16 +305,24 @@ def _play_round(client: Client, config: Config, paths: RunPaths, meter: RoundMet
     return sorted(outcomes, key=lambda o: o.partition), numbers
 
 
+#: ``on_progress(tasks_done, tasks_total, elapsed_s, eta_s, force=...)`` of ``_await``.
+PlanProgressSink = Callable[..., None]
+
+
 def _await(client: Client, futures: list[Future], label: str, paths: RunPaths,
-           console: Console) -> None:
+           console: Console, on_progress: PlanProgressSink | None = None) -> None:
     """Wait for a round's planning tasks, with a progress bar and, every ``LINE_EVERY_S``, a
     line with the tasks done and an ETA (a batch job's log has no bar; computing a million
-    agents' distributions takes minutes before any partition plays); a failed task raises
-    its error here, and a cancel request stops the run (nothing of the round is on disk yet)."""
+    agents' distributions takes minutes before any partition plays), each step told to
+    ``on_progress(done, total, elapsed_s, eta_s, force=...)`` (run.json, for the UI); a
+    failed task raises its error here, and a cancel request stops the run (nothing of the
+    round is on disk yet)."""
     bar = console.progress(len(futures), label)
     pending = as_completed(futures, timeout=None)
     done = 0
     started = last_line = time.perf_counter()
+    if on_progress is not None:
+        on_progress(0, len(futures), 0.0, None, force=True)
     try:
         while done < len(futures):
             for future in pending.next_batch(block=False) or _wait_one(pending):
@@ -319,9 +331,12 @@ def _await(client: Client, futures: list[Future], label: str, paths: RunPaths,
                 done += 1
                 bar.update(1)
             now = time.perf_counter()
+            eta = (len(futures) - done) * (now - started) / done if done else None
+            if on_progress is not None:
+                on_progress(done, len(futures), now - started, eta,
+                            force=done == len(futures))
             if now - last_line >= LINE_EVERY_S and done < len(futures):
                 last_line = now
-                eta = (len(futures) - done) * (now - started) / done if done else None
                 console.line(f"{label}: {done:,}/{len(futures):,} tasks, {format_eta(eta)}")
             if paths.cancel_flag.exists() and done < len(futures):
                 client.cancel(futures)

@@ -23,7 +23,13 @@ from simpipe.core.records import CorruptFile, StrictRecord, read_json_record
 from simpipe.games.validity import MODEL, RULE_BASED, SYNTHETIC
 from simpipe.store.layout import LAYOUT, RunPaths, is_run_entry, layout_on_resume
 from simpipe.store.owner import owner_problem, this_process
-from simpipe.store.record import MAX_LEDGER_BYTES, Progress, RunRecord, read_ledger
+from simpipe.store.record import (
+    MAX_LEDGER_BYTES,
+    PlanProgress,
+    Progress,
+    RunRecord,
+    read_ledger,
+)
 from simpipe.store.round_record import RoundRecord
 from simpipe.store.states import RunState
 
@@ -134,10 +140,26 @@ class Ledger:
             distinct_prompts=distinct_prompts, model_calls=model_calls,
             elapsed_s=round(elapsed_s, 3), agents_per_s=round(rate, 1) if rate else None,
             eta_s=round(eta, 1) if eta is not None else None))
+        self._save_progress(force)
+
+    def _save_progress(self, force: bool) -> None:
         now = time.monotonic()
         if force or now - self._last_progress_save >= 0.5:
             self._last_progress_save = now
             self.save()
+
+    def record_plan_progress(self, round_index: int, stage: str, tasks_done: int,
+                             tasks_total: int, elapsed_s: float, eta_s: float | None,
+                             partitions_total: int, agents_total: int,
+                             force: bool = False) -> None:
+        """Live progress while a round is planned (no agent has played yet): the plan's
+        ``stage`` and its tasks; saved at most twice a second, as ``record_progress``."""
+        self._update(progress=Progress(
+            round=round_index + self.record.first_round, partitions_total=partitions_total,
+            agents_total=agents_total, elapsed_s=round(elapsed_s, 3),
+            planning=PlanProgress(stage=stage, tasks_done=tasks_done, tasks_total=tasks_total,
+                                  eta_s=round(eta_s, 1) if eta_s is not None else None)))
+        self._save_progress(force)
 
     def record_round(self, round_index: int, record: RoundRecord) -> RoundRecord:
         """A finished round's record, saved as complete. ``round_index`` from 0; the key is

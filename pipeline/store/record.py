@@ -57,6 +57,17 @@ class _Record(StrictRecord):
     model_config = ConfigDict(strict=True, extra="allow", frozen=True)
 
 
+class PlanProgress(_Record):
+    """A round's plan while it runs, before any agent plays (``simpipe.run.planned_round``):
+    the stage (``prompts``: the partitions' distinct prompts; ``distributions``: the planned
+    trees and walks) and its tasks. A million agents' round 3 spends hours here."""
+
+    stage: str
+    tasks_done: NonNegative = 0
+    tasks_total: NonNegative = 0
+    eta_s: float | None = None  # at the stage's rate so far
+
+
 class Progress(_Record):
     """The round being played, as the client last saved it (at most twice a second)."""
 
@@ -72,6 +83,7 @@ class Progress(_Record):
     elapsed_s: float | None = None
     agents_per_s: float | None = None
     eta_s: float | None = None  # seconds left at the round's rate so far
+    planning: PlanProgress | None = None  # set while the round is planned; None once it plays
 
 
 class ConfigSections(_Record):

@@ -5,6 +5,7 @@ them. Real LocalClusters; no timing assertions (waits end on what is seen, with 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 
 import pytest
@@ -220,3 +221,57 @@ def test_an_llm_partition_reports_agents_before_it_finishes(client, tmp_path):
     record = read_ledger(config.run_dir).round(0)
     assert (f"{record.distinct_prompts:,} distinct prompts" in log
             and f"{record.model_calls:,} model calls" in log)
+
+
+def test_run_json_shows_a_round_plans_tasks_until_the_partitions_play(tmp_path):
+    from simpipe.store.ledger import open_run_dir
+
+    config = small_config(tmp_path)
+    ledger = open_run_dir(RunPaths(config.run_dir), config, resume=False, force=False)
+    ledger.record_plan_progress(2, "distributions", 1_200, 4_081, 600.0, 1_440.0,
+                                partitions_total=16, agents_total=1_000_000, force=True)
+    progress = read_ledger(config.run_dir).progress
+    assert progress.round == 3 and progress.agents_total == 1_000_000
+    assert progress.agents_done == 0 and progress.partitions_total == 16
+    plan = progress.planning
+    assert (plan.stage, plan.tasks_done, plan.tasks_total, plan.eta_s) == (
+        "distributions", 1_200, 4_081, 1_440.0)
+    # The partitions play: the agents' progress replaces the plan's.
+    ledger.record_progress(2, 0, 16, 100, 1.0, force=True, agents_total=1_000_000)
+    assert read_ledger(config.run_dir).progress.planning is None
+
+
+@pytest.mark.llm
+@pytest.mark.slow
+def test_a_planned_round_shows_its_plan_in_run_json_while_it_runs(client, tmp_path):
+    # The embedded model, its answers planned: run.json says which stage of the plan runs
+    # and how many of its tasks are done, before any agent has played.
+    config = small_config(tmp_path, population={"size": 40, "partitions": 2},
+                          game={"rounds": 1}, agents={"backend": "llamacpp", "max_tokens": 4})
+    assert plans_rounds(config)
+    seen: list[tuple[str, int, int, int]] = []
+    stop = threading.Event()
+
+    def watch() -> None:
+        paths = RunPaths(config.run_dir)
+        while not stop.is_set():
+            try:
+                progress = read_ledger(config.run_dir).progress if paths.ledger.exists() else None
+            except Exception:  # noqa: BLE001 -- a file between writes: look again
+                progress = None
+            if progress is not None and progress.planning is not None:
+                p = progress.planning
+                seen.append((p.stage, p.tasks_done, p.tasks_total, progress.agents_done))
+            time.sleep(0.01)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        run_simulation(config, client=client, console=QUIET)
+    finally:
+        stop.set()
+        watcher.join()
+    stages = {stage for stage, *_ in seen}
+    assert "distributions" in stages, seen
+    assert all(done <= total and agents == 0 for _, done, total, agents in seen), seen
+    assert read_ledger(config.run_dir).progress is None  # cleared when the round is recorded

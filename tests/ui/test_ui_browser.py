@@ -401,3 +401,27 @@ log_directory = "{tmp_path / 'logs'}"
     finally:
         lifecycle.down(name)  # no-op when the page already did it
         assert _squeue(f"simpipe-{name}-") == []
+
+
+def test_a_round_being_planned_shows_its_tasks_not_an_empty_bar(server, results, page):
+    # A million agents' round 3 spends hours in its plan before any agent plays: the page
+    # shows the plan's stage and tasks (what run.json's progress.planning says), not "0
+    # agents".
+    shutil.copytree(results / "finished-run", results / "planning-run")
+    try:
+        ledger = json.loads((results / "planning-run" / "run.json").read_text())
+        ledger.update(state="running", pid=os.getpid(), host=socket.gethostname(),
+                      progress={"round": 3, "partitions_total": 16, "agents_total": 1_000_000,
+                                "elapsed_s": 600.0,
+                                "planning": {"stage": "distributions", "tasks_done": 1_200,
+                                             "tasks_total": 4_081, "eta_s": 1_440.0}})
+        (results / "planning-run" / "run.json").write_text(json.dumps(ledger))
+        page.goto(f"{server.url}/#/runs/planning-run")
+        page.wait_for_selector("#plan-tasks")
+        assert page.inner_text("#plan-tasks") == "1,200/4,081"
+        card = page.inner_text("#progress")
+        assert "planning the answers (distributions)" in card and "1,000,000 agents" in card
+        assert "ETA" in card and page.locator("#agents-done").count() == 0
+        shot(page, "run-planning")
+    finally:
+        shutil.rmtree(results / "planning-run")

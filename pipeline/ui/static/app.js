@@ -262,6 +262,19 @@ function progressCard(run) {
     card.append(h("p", {}, run.state === "running" ? "Between rounds…" : `Not running (${run.rounds_done}/${run.rounds_total} rounds done).`));
     return card;
   }
+  // The round's plan, before any agent plays: its stage's tasks (hours at a million agents).
+  const plan = p.planning;
+  if (plan) {
+    const fill = h("div", {});
+    fill.style.width = `${(plan.tasks_total ? (plan.tasks_done / plan.tasks_total) * 100 : 0).toFixed(1)}%`;
+    card.append(
+      h("p", {}, `Round ${p.round} of ${run.rounds_total}: planning the answers (${plan.stage}): `,
+        h("strong", { id: "plan-tasks" }, `${fmt.int(plan.tasks_done)}/${fmt.int(plan.tasks_total)}`), " tasks",
+        p.agents_total ? `, then ${fmt.int(p.agents_total)} agents` : "",
+        `, ${fmt.secs(p.elapsed_s)}`, plan.eta_s != null ? `, ETA ${fmt.secs(plan.eta_s)}` : ""),
+      h("div", { className: "bar" }, fill));
+    return card;
+  }
   // Agents, counted inside partitions as they play; partitions where agents_total is absent.
   const frac = p.agents_total ? p.agents_done / p.agents_total : p.partitions_total ? p.partitions_done / p.partitions_total : 0;
   const fill = h("div", {});
