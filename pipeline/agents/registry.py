@@ -104,10 +104,11 @@ def process_counters() -> dict[str, dict]:
 
 
 def warm_policy(agents: AgentsConfig, requests: Sequence[GenerationRequest] = ()) -> None:
-    """Create this process's policy now (load the model, open sessions); run on workers.
+    """Create this process's policy now (open sessions); run on workers.
 
-    ``requests`` (LLM back-ends only) are sent through the back-end once, so that prompt
-    caches and first-batch allocations are paid before a benchmark starts its clock.
+    ``requests`` (LLM back-ends only) are sent through the back-end once, so that the model
+    load (the embedded server starts on its first request), prompt caches and first-batch
+    allocations are paid before a benchmark starts its clock.
     """
     policy = get_policy(agents)
     if requests:
