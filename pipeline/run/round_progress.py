@@ -86,13 +86,14 @@ class RoundMeter:
         self._last_line = self.started
         self.bar = console.progress(sum(sizes), f"round {round_index + 1}", unit="agent")
 
-    def planning(self, stage: str, tasks_done: int, tasks_total: int, elapsed_s: float,
-                 eta_s: float | None, force: bool = False) -> None:
-        """The round's plan has ``tasks_done`` of ``tasks_total`` tasks of ``stage`` done:
-        saved for watchers (the UI), who otherwise see nothing until the partitions play."""
+    def planning(self, stage: str, tasks_done: int, tasks_total: int, eta_s: float | None,
+                 force: bool = False) -> None:
+        """The round's plan has ``tasks_done`` of ``tasks_total`` tasks of ``stage`` done
+        (``eta_s``: the stage's): saved for watchers (the UI), who otherwise see nothing
+        until the partitions play. Elapsed is the round's, as when it plays."""
         self.ledger.record_plan_progress(self.round, stage, tasks_done, tasks_total,
-                                         elapsed_s, eta_s, len(self.sizes), sum(self.sizes),
-                                         force=force)
+                                         time.perf_counter() - self.started, eta_s,
+                                         len(self.sizes), sum(self.sizes), force=force)
 
     def playing(self) -> None:
         """The round plan is done and the partitions are submitted: the rate counts from

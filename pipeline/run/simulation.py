@@ -305,7 +305,7 @@ def _play_round(client: Client, config: Config, paths: RunPaths, meter: RoundMet
     return sorted(outcomes, key=lambda o: o.partition), numbers
 
 
-#: ``on_progress(tasks_done, tasks_total, elapsed_s, eta_s, force=...)`` of ``_await``.
+#: ``on_progress(tasks_done, tasks_total, eta_s, force=...)`` of ``_await``.
 PlanProgressSink = Callable[..., None]
 
 
@@ -314,7 +314,7 @@ def _await(client: Client, futures: list[Future], label: str, paths: RunPaths,
     """Wait for a round's planning tasks, with a progress bar and, every ``LINE_EVERY_S``, a
     line with the tasks done and an ETA (a batch job's log has no bar; computing a million
     agents' distributions takes minutes before any partition plays), each step told to
-    ``on_progress(done, total, elapsed_s, eta_s, force=...)`` (run.json, for the UI); a
+    ``on_progress(done, total, eta_s, force=...)`` (run.json, for the UI); a
     failed task raises its error here, and a cancel request stops the run (nothing of the
     round is on disk yet)."""
     bar = console.progress(len(futures), label)
@@ -322,7 +322,7 @@ def _await(client: Client, futures: list[Future], label: str, paths: RunPaths,
     done = 0
     started = last_line = time.perf_counter()
     if on_progress is not None:
-        on_progress(0, len(futures), 0.0, None, force=True)
+        on_progress(0, len(futures), None, force=True)
     try:
         while done < len(futures):
             for future in pending.next_batch(block=False) or _wait_one(pending):
@@ -333,8 +333,7 @@ def _await(client: Client, futures: list[Future], label: str, paths: RunPaths,
             now = time.perf_counter()
             eta = (len(futures) - done) * (now - started) / done if done else None
             if on_progress is not None:
-                on_progress(done, len(futures), now - started, eta,
-                            force=done == len(futures))
+                on_progress(done, len(futures), eta, force=done == len(futures))
             if now - last_line >= LINE_EVERY_S and done < len(futures):
                 last_line = now
                 console.line(f"{label}: {done:,}/{len(futures):,} tasks, {format_eta(eta)}")

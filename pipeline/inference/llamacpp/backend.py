@@ -473,6 +473,11 @@ class LlamaCppBackend(Backend):
             raise ProbeError("the llama.cpp back-end is closed")
         return server.listening_address
 
+    @property
+    def _model_named(self) -> str:
+        """The model as the user named it (the key's value), or the default model's path."""
+        return self.settings.model_path or str(self.model_path)
+
     def _engine(self) -> Any:
         """The server, started on first use (blocking, once); None once closed.
         ModelFileError naming the key when llama.cpp cannot load the model, or when the file
@@ -492,9 +497,8 @@ class LlamaCppBackend(Backend):
                 except ModelFileChanged as exc:
                     raise ModelFileError(str(exc)) from None
                 except RuntimeError as exc:  # xllamacpp's one error for a model it cannot load
-                    model = s.model_path or str(self.model_path)
                     raise ModelFileError(
-                        f"{MODEL_KEY} = {model!r}: llama.cpp cannot load it with these "
+                        f"{MODEL_KEY} = {self._model_named!r}: llama.cpp cannot load it with these "
                         f"settings ({exc}); its log lines above say why: a file that is no "
                         "model llama.cpp reads (remove the key to use the default model), or "
                         "agents.llamacpp settings (n_ctx, n_parallel) too large for this "
@@ -555,10 +559,10 @@ class LlamaCppBackend(Backend):
         except ModelFileChanged as exc:
             raise ModelFileError(str(exc)) from None
         except GgufError as exc:
-            model = self.settings.model_path or str(self.model_path)
             why = str(exc).removeprefix(f"{self.model_path}: ")
-            raise ModelFileError(f"{MODEL_KEY} = {model!r}: {why}: no model llama.cpp can use "
-                                 "(remove the key to use the default model)") from None
+            raise ModelFileError(f"{MODEL_KEY} = {self._model_named!r}: {why}: no model "
+                                 "llama.cpp can use (remove the key to use the default "
+                                 "model)") from None
         return found
 
     @contextlib.contextmanager
@@ -791,10 +795,11 @@ class LlamaCppBackend(Backend):
 
     async def generate(self, requests: Sequence[GenerationRequest], *,
                        reproducible: bool = False) -> list[GenerationResult]:
-        loop = asyncio.get_running_loop()
-        # Started here, once, rather than by the first of n_parallel pool threads.
-        if await loop.run_in_executor(self._pool, self._engine) is None:
+        if self._closed:  # (its pool is shut down too)
             return [_error("the llama.cpp back-end is closed", 0.0) for _ in requests]
+        loop = asyncio.get_running_loop()
+        if self._server is None:  # started here, once, not by the first of the pool's threads
+            await loop.run_in_executor(self._pool, self._engine)
         told = answer_listener()
         if self.serial or reproducible:
             results = await loop.run_in_executor(self._pool, self._serial_calls, requests, told)

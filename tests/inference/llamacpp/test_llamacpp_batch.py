@@ -16,6 +16,7 @@ from simpipe.answers.shared import SharedAnswers, step_uniforms
 from simpipe.answers.tree import TreeShape
 from simpipe.bench.invariance import round3_prompts
 from simpipe.games.answer_format import IntegerAnswers
+from simpipe.inference.base import GenerationRequest
 from simpipe.inference.llamacpp.backend import LlamaCppBackend
 from simpipe.inference.llamacpp.batch import GROUP, BatchEngine
 from simpipe.inference.settings import LlamaCppSettings
@@ -144,3 +145,21 @@ def test_a_prompt_too_long_for_the_pool_is_refused_alone(backend):
         assert isinstance(got[0], int) and "does not fit the context of 256" in got[1]
     finally:
         engine.close()
+
+
+@pytest.mark.llm
+def test_planned_answers_never_start_the_server_and_a_closed_backend_answers_errors():
+    # A planned round's answers come from the exact answer logits alone: the server (a
+    # second copy of the model in memory) starts only with the first sampled call. After
+    # aclose, a call is one error per request, not an exception from the shut-down pool.
+    b = LlamaCppBackend(LlamaCppSettings(n_parallel=2, threads=1))
+    try:
+        trees = _batched(b, round3_prompts(2))
+        assert len(trees) == 2 and all(t.texts for t in trees)
+        assert b._server is None
+        [first] = asyncio.run(b.generate([GenerationRequest(prompt="My number:", max_tokens=2)]))
+        assert first.status != "error" and b._server is not None
+    finally:
+        asyncio.run(b.aclose())
+    [closed] = asyncio.run(b.generate([GenerationRequest(prompt="My number:", max_tokens=2)]))
+    assert closed.status == "error" and "closed" in closed.error
