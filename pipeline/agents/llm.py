@@ -231,6 +231,7 @@ class LLMAgents(AgentPolicy):
         order = np.argsort(codes, kind="stable")
         bounds = np.concatenate([[0], np.cumsum(np.bincount(codes, minlength=len(uniques)))])
         lazy: list[tuple[str, np.ndarray]] = []
+        partly: set[str] = set()  # prompts some of whose agents drew from a tree already
         for k, prompt in enumerate(uniques):
             members = order[bounds[k]:bounds[k + 1]]
             planned = turn.planned.get(prompt)
@@ -259,14 +260,22 @@ class LLMAgents(AgentPolicy):
                 stats.fallback_prompts += 1
                 stats.problem = stats.problem or found.problem
                 continue
-            self._take(out, members, dist.answers_for(agent_ids[members], uniforms[members]),
-                       dist.unseen_mass, stats, calls=found.calls)
+            off_tree = self._take(out, members, dist.answers_for(agent_ids[members],
+                                                                 uniforms[members]),
+                                  dist.unseen_mass, stats, calls=found.calls)
+            if off_tree.size and chained:
+                # Walks into a prefix the tree left out: walked on in this partition's chain
+                # (the prompt's suffix and a few probes), not one sampled call each, which
+                # on the embedded engine would first start its server (a second model
+                # load, ~3 s) for a handful of agents.
+                lazy.append((prompt, off_tree))
+                partly.add(prompt)
         if lazy:
             language = IntegerAnswers(*answer.bounds)
             try:
                 vocab = self.backend.answer_vocab(language.alphabet)
                 self._walk_chain(out, lazy, uniforms, TreeShape(language, vocab, s.max_tokens),
-                                 settings, stats)
+                                 settings, stats, partly)
             except ProbeError as exc:
                 # No vocabulary, or the chain did not open (a prompt's own probes fail inside
                 # ``_walk_chain``, for that prompt alone): none of these prompts was walked,
@@ -276,9 +285,10 @@ class LLMAgents(AgentPolicy):
 
     def _walk_chain(self, out: _Answers, lazy: list[tuple[str, np.ndarray]],
                     uniforms: np.ndarray, shape: TreeShape, settings: ChainSettings,
-                    stats: DecisionStats) -> None:
+                    stats: DecisionStats, counted: set[str]) -> None:
         """The lazily walked prompts in sorted order (``SharedAnswers.walk_chain``): each
-        costs its distinct suffix, and the chain depends only on this partition."""
+        costs its distinct suffix, and the chain depends only on this partition.
+        ``counted``: prompts already reported to the progress as distinct."""
         lazy.sort(key=lambda item: item[0])
 
         def tally(i: int, walked: Walked) -> None:
@@ -294,7 +304,8 @@ class LLMAgents(AgentPolicy):
                 stats.fallback_prompts += 1
                 stats.problem = stats.problem or walked.problem
                 return
-            self._take(out, members, walked.texts, walked.unseen_mass, stats, calls=c.calls)
+            self._take(out, members, walked.texts, walked.unseen_mass, stats, calls=c.calls,
+                       distinct=int(lazy[i][0] not in counted))
 
         self.shared.walk_chain([prompt for prompt, _ in lazy],
                                [uniforms[members] for _, members in lazy], shape, settings,
@@ -302,15 +313,17 @@ class LLMAgents(AgentPolicy):
 
     @staticmethod
     def _take(out: _Answers, members: np.ndarray, texts: list[str | None], unseen: float,
-              stats: DecisionStats, calls: int) -> None:
-        """Answers drawn for ``members``; a None (a walk into a prefix too unlikely to have
-        been probed) leaves that agent to a call of its own."""
+              stats: DecisionStats, calls: int, distinct: int = 1) -> np.ndarray:
+        """Answers drawn for ``members``; the members left without one (a None: a walk
+        into a prefix too unlikely to have been probed), for a lazy walk or a call of
+        their own."""
         got = np.fromiter((t is not None for t in texts), bool, len(texts))
         idx = members[got]
         out.texts[idx] = np.asarray([t for t in texts if t is not None], dtype=object)
         out.shared[idx] = True
         stats.unseen_mass_max = max(stats.unseen_mass_max, unseen)
-        report_agents(idx.size, distinct=1, calls=calls)
+        report_agents(idx.size, distinct=distinct, calls=calls)
+        return members[~got]
 
     def counters(self) -> dict[str, dict]:
         return self.backend.counters()

@@ -79,7 +79,8 @@ class AnswerDistribution:
     shape: TreeShape | None = None
     nodes: Mapping[Path, NextToken] = field(default_factory=dict)
     # The answer mass under prefixes left unprobed as too unlikely (``prune_below``): an
-    # agent whose walk goes there is answered by a call of its own, not by this tree.
+    # agent whose walk goes there is not answered by this tree (a lazy walk of its own on the
+    # embedded engine, else a call of its own).
     pruned_mass: float = 0.0
 
     def walk(self, uniforms: np.ndarray) -> list[str | None]:

@@ -70,11 +70,15 @@ def chunk_size(n_prompts: int) -> int:
     cluster."""
     return max(1, min(CHUNK_PROMPTS, -(-n_prompts // MIN_CHUNKS)))
 
-#: Most prompts per planned walk task: a walked prompt costs ~0.1 s of one core (its last
-#: line and ~3 probes), and a task's first prompt is evaluated whole (~0.7 s: every task
+#: Most prompts per planned walk task: a walked prompt costs ~0.09 s of one core (its last
+#: line and ~2 probes), and a task's first prompt is evaluated whole (~0.5 s: every task
 #: starts from an empty key/value pool, so that its bits depend on its prompts alone), so a
-#: task of 64 is ~7 s, its first prompt a tenth of it.
-WALK_CHUNK_PROMPTS = 64
+#: task of 256 is ~23 s. Measured on 256 distinct prompts of the 1,000-agent quickstart's
+#: round 5 on one core (2026-12-03): as 4 tasks of 64, 5,393 tokens evaluated in 23.7 s; as
+#: one of 256, 4,922 tokens in 21.9 s. The price: a round of ~1,000 distinct prompts is 4
+#: tasks, so a cluster of more than 4 workers has idle ones in it (a function of the prompts
+#: alone, as the answers must be).
+WALK_CHUNK_PROMPTS = 256
 #: Fewer walked prompts are cut into at least this many chunks: a small round's walks
 #: (the quickstart's ~90) then cost two whole first prompts, as two partitions' chains did.
 MIN_WALK_CHUNKS = 2

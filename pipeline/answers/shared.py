@@ -89,8 +89,10 @@ def full_tree_pays(agents_on_prompt: int) -> bool:
     return agents_on_prompt * FIRST_WALK_PROBES >= FULL_TREE_PROBES
 
 
-# What a walk into a pruned prefix costs instead: one sampled call of its own for that agent
-# (its prompt evaluated on top of its predecessor's in a serial batch, then ~4 decodes).
+# What a walk into a pruned prefix costs instead: over HTTP one sampled call of its own for
+# that agent (its prompt evaluated on top of its predecessor's in a serial batch, then ~4
+# decodes); on the embedded engine a lazy walk in its partition's chain, about the same (its
+# prompt's suffix, often all of it, and ~3 probes).
 OWN_CALL_S = 0.3
 # Never prune where more than this share of a prompt's agents would expect calls of their own.
 MAX_PRUNE = 1e-3

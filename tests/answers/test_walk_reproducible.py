@@ -1,6 +1,7 @@
 """Answers walked through answer trees with the real model do not depend on what ran
 before or beside: two partitions decided in either order, the second time with the
-process's cache of full trees already warm, give bit-identical answers."""
+process's cache of full trees already warm, give bit-identical answers; a walk that leaves
+a planned tree goes on through the exact answer logits."""
 
 from __future__ import annotations
 
@@ -10,11 +11,15 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from simpipe.agents.llm import LLMAgents
+from simpipe.agents.llm import LLMAgents, agent_seeds, distinct_prompts
+from simpipe.answers.distribution import answer_distribution
+from simpipe.answers.shared import step_uniforms
 from simpipe.config.model import config_from_dict
+from simpipe.games.answer_format import IntegerAnswers
 from simpipe.games.base import Turn
 from simpipe.games.registry import game_for
 from simpipe.inference.llamacpp.backend import LlamaCppBackend
+from simpipe.inference.types import ChainSettings
 
 pytestmark = [pytest.mark.llm, pytest.mark.slow]
 
@@ -60,3 +65,41 @@ def test_answers_do_not_depend_on_partition_order_or_the_cache() -> None:
     # lazily walked prompts cost tokens, their distinct suffixes.
     s = a[1].stats
     assert s.prompt_tokens / (s.prompt_ids.size - 1) < 60
+
+
+def test_walks_into_a_planned_trees_left_out_prefix_are_walked_on_not_sampled() -> None:
+    # A planned tree pruned hard (every prefix under 0.1 left out): the agents whose walks go
+    # there are walked lazily in the partition's chain, so every agent is answered from the
+    # exact answer logits and the server (a second model load) never starts for them.
+    config = config_from_dict({"game": {"rounds": 2},
+                               "agents": {"backend": "llamacpp", "max_tokens": 6,
+                                          "llamacpp": {"n_parallel": 2}}})
+    n = 200
+    agents = pd.DataFrame({"agent_id": np.arange(n, dtype=np.int64),
+                           "persona": [PERSONAS[0]] * n})
+    turn = Turn(game_for(config.game), 7, 1, 0, np.full((n, 1), 33.0), np.full((n, 1), 50.0))
+    [prompt] = distinct_prompts(agents, turn, "completion")[1]
+    language = IntegerAnswers(0, 100)
+    backend = LlamaCppBackend(config.agents.llamacpp)
+    try:
+        vocab = backend.answer_vocab(language.alphabet)
+        with backend.logprob_chain(vocab, ChainSettings(1.0)) as probe_for:
+            tree = answer_distribution(probe_for(prompt), language, vocab, ChainSettings(1.0),
+                                       6, prune_below=0.1)
+        uniforms = step_uniforms(agent_seeds(7, 1, agents["agent_id"].to_numpy()), 6)
+        from_tree = tree.walk(uniforms)
+        off = [i for i, t in enumerate(from_tree) if t is None]
+        assert tree.pruned_mass >= 0.05 and len(off) >= 5, (tree.pruned_mass, len(off))
+        turn = Turn(game_for(config.game), 7, 1, 0, turn.past_feedback, turn.past_answers,
+                    planned={prompt: tree}, plan_decides=True)
+        decided = LLMAgents(backend, config.agents).decide(agents, turn)
+        frame = decided.frame
+        assert frame["shared"].all() and decided.stats.fallback_prompts == 0
+        assert backend._server is None
+        assert (frame["status"] == "ok").all()
+        # Agents whose walks stay in the tree take its answers; the others walked on.
+        kept = [i for i in range(n) if from_tree[i] is not None]
+        assert frame["raw"].to_numpy()[kept].tolist() == [from_tree[i] for i in kept]
+        assert decided.stats.probes > tree.calls  # the walks on cost probes of their own
+    finally:
+        asyncio.run(backend.aclose())
