@@ -89,6 +89,11 @@ def walk_chunk_size(n_prompts: int) -> int:
     the prompts alone, as ``chunk_size``."""
     return max(1, min(WALK_CHUNK_PROMPTS, -(-n_prompts // MIN_WALK_CHUNKS)))
 
+#: Expected seconds of one core per planned prompt, by method (the comments above): what
+#: the plan's ETA weighs its tasks by (``Layout.chunk_work``).
+TREE_PROMPT_S = 0.5
+WALK_PROMPT_S = 0.09
+
 #: No prompts (a partition that carries no planned prompt's cost).
 EMPTY_HASHES = np.empty(0, np.uint64)
 
@@ -194,6 +199,12 @@ class Layout:
     def planned(self) -> int:
         """Prompts the plan answers: full trees and walks."""
         return sum(c.size for c in self.chunks) + sum(c.size for c in self.walk_chunks)
+
+    def chunk_work(self) -> list[float]:
+        """The expected work of each stage-2 task, tree chunks then walk chunks (the order
+        they are submitted in), in seconds of one core."""
+        return ([c.size * TREE_PROMPT_S for c in self.chunks]
+                + [c.size * WALK_PROMPT_S for c in self.walk_chunks])
 
 
 def layout(tallies: Sequence[PromptTally], min_agents: int,

@@ -136,8 +136,9 @@ def play_planned_partition(job: PartitionJob, feedback: np.ndarray, owned: np.nd
     return play_partition(job, feedback, planned_for(chunks, owned))
 
 
-#: Waits for the futures (progress, cancel) with a label for the progress bar.
-Await = Callable[[list[Future], str], None]
+#: Waits for the futures (progress, cancel) with a label for the progress bar and, for the
+#: ETA, each future's expected work (equal when None).
+Await = Callable[[list[Future], str, Sequence[float] | None], None]
 
 
 @dataclass
@@ -161,7 +162,7 @@ def plan_round(client: Client, config: Config, jobs: Sequence[PartitionJob], fee
                            pure=False) for k, job in enumerate(jobs)]
     tallies_f = [client.submit(tally_of, f, key=f"tally-{key}-part-{k}", pure=False)
                  for k, f in enumerate(found)]
-    wait(tallies_f, "prompts")
+    wait(tallies_f, "prompts", None)
     plan = layout(client.gather(tallies_f), config.agents.share_min_agents,
                   lazy_walks=backend_walks_lazily(config.agents), costs=answer_costs(config))
     if not plan.chunks and not plan.walk_chunks:
@@ -182,5 +183,5 @@ def plan_round(client: Client, config: Config, jobs: Sequence[PartitionJob], fee
                                  round_index, hashes, texts, walkers,
                                  key=f"walk-{key}-chunk-{i}", pure=False)
                    for i, hashes in enumerate(plan.walk_chunks)]
-    wait(chunks, "distributions")
+    wait(chunks, "distributions", plan.chunk_work())
     return RoundPlan(plan, chunks)

@@ -9,7 +9,7 @@ a console/run.log line every ``LINE_EVERY_S`` (a batch job's log has no bar), an
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from simpipe.agents.progress import ProgressWatch
@@ -47,6 +47,27 @@ class RoundSnapshot:
         """Seconds left at the round's rate so far; None before any agent answered."""
         rate = self.agents_per_s
         return (self.agents_total - self.agents_done) / rate if rate else None
+
+
+class TaskWork:
+    """How much of a set of tasks is done, each task weighted by its expected work (the
+    round plan's chunks: 256 walked prompts are not the wait of 5 full trees), and the ETA
+    that follows: the time so far scaled by the work left over the work done. Counting
+    tasks instead made the ETA jump: the small chunks end first and promise a quick end."""
+
+    def __init__(self, weights: Sequence[float]) -> None:
+        self.weights = [max(float(w), 0.0) for w in weights]
+        self.total = sum(self.weights)
+        self.done = 0.0
+
+    def finish(self, index: int) -> None:
+        self.done += self.weights[index]
+
+    def eta(self, elapsed_s: float) -> float | None:
+        """Seconds left; None before any work is done."""
+        if self.done <= 0.0:
+            return None
+        return max(self.total - self.done, 0.0) * elapsed_s / self.done
 
 
 def format_eta(seconds: float | None) -> str:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,7 +55,13 @@ from simpipe.run.executor import Executor, OwnClientExecutor, executor_for
 from simpipe.run.planned_round import plan_round
 from simpipe.run.population import ensure_population
 from simpipe.run.quiet_teardown import QuietTeardown
-from simpipe.run.round_progress import LINE_EVERY_S, RoundMeter, RoundSnapshot, format_eta
+from simpipe.run.round_progress import (
+    LINE_EVERY_S,
+    RoundMeter,
+    RoundSnapshot,
+    TaskWork,
+    format_eta,
+)
 from simpipe.run.round_task import (
     ROW_COLUMNS,
     PartitionOutcome,
@@ -265,12 +271,10 @@ def _play_round(client: Client, config: Config, paths: RunPaths, meter: RoundMet
         # once and spread over the workers.
         t_plan = time.perf_counter()
         plan = plan_round(client, config, jobs, feedback_future, f"round-{r}-{token}",
-                          lambda futures, label: _await(client, futures,
-                                                        f"round {r + 1}/{config.game.rounds} "
-                                                        f"{label}",
-                                                        paths, meter.console,
-                                                        functools.partial(meter.planning,
-                                                                          label)))
+                          lambda futures, label, work=None: _await(
+                              client, futures, f"round {r + 1}/{config.game.rounds} {label}",
+                              paths, meter.console, functools.partial(meter.planning, label),
+                              work))
         plan_s = time.perf_counter() - t_plan
     meter.playing()
     futures = [
@@ -310,15 +314,18 @@ PlanProgressSink = Callable[..., None]
 
 
 def _await(client: Client, futures: list[Future], label: str, paths: RunPaths,
-           console: Console, on_progress: PlanProgressSink | None = None) -> None:
+           console: Console, on_progress: PlanProgressSink | None = None,
+           work: Sequence[float] | None = None) -> None:
     """Wait for a round's planning tasks, with a progress bar and, every ``LINE_EVERY_S``, a
     line with the tasks done and an ETA (a batch job's log has no bar; computing a million
     agents' distributions takes minutes before any partition plays), each step told to
-    ``on_progress(done, total, eta_s, force=...)`` (run.json, for the UI); a
-    failed task raises its error here, and a cancel request stops the run (nothing of the
-    round is on disk yet)."""
+    ``on_progress(done, total, eta_s, force=...)`` (run.json, for the UI); the ETA weighs
+    each task by its expected ``work`` (equal without). A failed task raises its error
+    here, and a cancel request stops the run (nothing of the round is on disk yet)."""
     bar = console.progress(len(futures), label)
     pending = as_completed(futures, timeout=None)
+    index = {future.key: i for i, future in enumerate(futures)}
+    tally = TaskWork(work if work is not None else [1.0] * len(futures))
     done = 0
     started = last_line = time.perf_counter()
     if on_progress is not None:
@@ -329,9 +336,10 @@ def _await(client: Client, futures: list[Future], label: str, paths: RunPaths,
                 if future.status != "finished":
                     future.result()  # raises the task's error
                 done += 1
+                tally.finish(index[future.key])
                 bar.update(1)
             now = time.perf_counter()
-            eta = (len(futures) - done) * (now - started) / done if done else None
+            eta = tally.eta(now - started)
             if on_progress is not None:
                 on_progress(done, len(futures), eta, force=done == len(futures))
             if now - last_line >= LINE_EVERY_S and done < len(futures):

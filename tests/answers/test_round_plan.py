@@ -13,6 +13,8 @@ from distributed import Client, LocalCluster
 from simpipe.answers.distribution import AnswerDistribution, WalkedAnswers
 from simpipe.answers.round_plan import (
     EMPTY_HASHES,
+    TREE_PROMPT_S,
+    WALK_PROMPT_S,
     PlannedChunk,
     PromptTally,
     chunk_size,
@@ -223,3 +225,11 @@ def test_a_planned_walk_hands_each_partition_its_agents_answers_and_charges_one(
     # walked: both get calls of their own (None), never another agent's answer.
     uniforms = np.zeros((4, 4))
     assert other.answers_for(np.array([20, 8, 3, 5]), uniforms) == [" 40", None, " 12", None]
+
+
+def test_a_plans_tasks_are_weighed_by_method_and_size_in_submission_order():
+    tallies = [tally(0, {1: 20, 2: 20, 3: 1, 4: 1, 5: 1})]
+    plan = layout(tallies, min_agents=2, lazy_walks=True)
+    assert [c.size for c in plan.chunks] == [1, 1] and [c.size for c in plan.walk_chunks] == [2, 1]
+    assert plan.chunk_work() == pytest.approx([TREE_PROMPT_S, TREE_PROMPT_S,
+                                               2 * WALK_PROMPT_S, WALK_PROMPT_S])

@@ -14,7 +14,7 @@ from distributed import Client, Event, LocalCluster
 from simpipe.agents.progress import AgentCounts, ProgressWatch, report_agents, reporting
 from simpipe.answers.round_plan import plans_rounds
 from simpipe.run.console import Console
-from simpipe.run.round_progress import RoundSnapshot, format_eta, snapshot_line
+from simpipe.run.round_progress import RoundSnapshot, TaskWork, format_eta, snapshot_line
 from simpipe.run.simulation import RoundObserver, run_simulation
 from simpipe.servers.stub import StubProcess
 from simpipe.store.layout import RunPaths
@@ -275,3 +275,21 @@ def test_a_planned_round_shows_its_plan_in_run_json_while_it_runs(client, tmp_pa
     assert "distributions" in stages, seen
     assert all(done <= total and agents == 0 for _, done, total, agents in seen), seen
     assert read_ledger(config.run_dir).progress is None  # cleared when the round is recorded
+
+
+def test_the_plans_eta_weighs_each_task_by_its_work():
+    # Two chunks of 5 full trees end first, then two of 241 walks remain (the 1,000-agent
+    # quickstart's round 2): counted in tasks the ETA would say "as long again" after the
+    # first half of the tasks; weighed, it says the walks are most of the round.
+    from simpipe.answers.round_plan import TREE_PROMPT_S, WALK_PROMPT_S
+
+    work = TaskWork([5 * TREE_PROMPT_S, 5 * TREE_PROMPT_S, 241 * WALK_PROMPT_S,
+                     241 * WALK_PROMPT_S])
+    assert work.eta(3.0) is None  # nothing done yet: no estimate
+    work.finish(0)
+    work.finish(1)
+    assert work.eta(5.0) == pytest.approx(5.0 * (2 * 241 * 0.09) / (2 * 5 * 0.5))
+    work.finish(2)
+    work.finish(3)
+    assert work.eta(30.0) == 0.0
+    assert TaskWork([1.0, 1.0]).eta(1.0) is None
