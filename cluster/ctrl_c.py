@@ -10,10 +10,18 @@ they need no signal of their own.
 Two layers. Worker processes start with SIGINT ignored: a child inherits an ignored signal
 through exec, and Python then leaves it ignored. And the ``dask_setup`` preload ignores
 SIGINT in a worker that a nanny restarts later, once the client has its handler back.
+
+Their teardown stays off the terminal too: they write to it (a LocalCluster's processes
+share the client's stderr), and a worker whose scheduler closed first logs two tracebacks
+("Failed to communicate with scheduler during heartbeat"; tornado's "Exception in callback"),
+under load after a SIGTERM or a Ctrl-C, once the user was promised one line
+(``quiet_local_workers``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import signal
 import threading
 from collections.abc import Iterator
@@ -21,6 +29,10 @@ from contextlib import contextmanager
 from typing import Any
 
 PRELOAD = "simpipe.cluster.ctrl_c"  # distributed imports it by name in each worker
+#: The loggers (and their children) that speak while a cluster is torn down.
+TEARDOWN_LOGGERS = ("distributed", "tornado", "asyncio")
+#: How long the workers may take to hear it before the teardown goes on regardless.
+QUIET_TIMEOUT_S = 2.0
 
 
 @contextmanager
@@ -59,3 +71,28 @@ def dask_setup(worker: Any) -> None:
     """Worker preload: distributed calls it in the worker process's main thread at start."""
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def silence_teardown_loggers() -> dict[str, int]:
+    """Turn off, in this process, the loggers a cluster's teardown speaks through (and their
+    children); their levels before, to put back."""
+    names = [name for name in list(logging.root.manager.loggerDict)
+             if any(name == p or name.startswith(p + ".") for p in TEARDOWN_LOGGERS)]
+    saved: dict[str, int] = {}
+    for name in {*TEARDOWN_LOGGERS, *names}:
+        logger = logging.getLogger(name)
+        saved[name] = logger.level
+        logger.setLevel(logging.CRITICAL + 1)
+    return saved
+
+
+def quiet_local_workers(client: Any) -> None:
+    """Before a LocalCluster closes: its worker processes stop logging (the run is over,
+    whatever they would say about lost connections). Its nannies live in this process,
+    whose loggers stay as they are (an interrupt silences them: ``QuietTeardown``). A
+    worker that cannot hear it within ``QUIET_TIMEOUT_S`` may still speak; the teardown
+    goes on either way."""
+    # Last resort, and on purpose broad: a closed comm, a timeout, a worker already gone;
+    # the teardown must go on whatever this meets.
+    with contextlib.suppress(Exception):
+        client.run(silence_teardown_loggers, callback_timeout=QUIET_TIMEOUT_S)

@@ -24,7 +24,7 @@ class LocalWorkers(Workers[LocalClusterConfig]):
     def connect(self, stack: ExitStack) -> Client:
         from distributed import Client, LocalCluster
 
-        from simpipe.cluster.ctrl_c import PRELOAD, workers_ignore_sigint
+        from simpipe.cluster.ctrl_c import PRELOAD, quiet_local_workers, workers_ignore_sigint
 
         cfg = self.settings
         # The terminal's Ctrl-C reaches the whole process group; only the client acts on it.
@@ -38,7 +38,11 @@ class LocalWorkers(Workers[LocalClusterConfig]):
                 silence_logs=logging.ERROR,
                 preload=[PRELOAD],
             ))
-            return stack.enter_context(Client(cluster))
+            client = stack.enter_context(Client(cluster))
+        # Runs first on exit (the stack unwinds in reverse): the workers stop logging
+        # while the client can still reach them, then the client and the cluster close.
+        stack.callback(quiet_local_workers, client)
+        return client
 
 
 class AddressWorkers(Workers[AddressClusterConfig]):

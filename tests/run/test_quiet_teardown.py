@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import signal
 from contextlib import contextmanager
 
 import pytest
@@ -68,3 +69,23 @@ def test_another_error_is_not_silenced(records):
                 quiet.after_interrupt():
             raise RuntimeError("a real failure")
     assert len(records.messages) == 2
+
+
+def test_the_signal_itself_silences_before_its_interrupt_is_caught(records):
+    # distributed's ``sync`` catches the interrupt and hands a cancel callback to its loop
+    # thread, which logged a traceback before the interrupt reached ``after_interrupt``.
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with QuietTeardown() as quiet, cluster_that_logs_while_closing(), \
+                    quiet.after_interrupt():
+                try:
+                    signal.raise_signal(signal.SIGINT)
+                except KeyboardInterrupt:
+                    logging.getLogger("tornado.application").error("Exception in callback")
+                    raise
+        assert records.messages == []
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        assert logging.getLogger("tornado.application").level == logging.ERROR
+    finally:
+        signal.signal(signal.SIGINT, before)

@@ -36,16 +36,17 @@ _WANTED = ("tokenizer.ggml.model", "tokenizer.ggml.tokens", "tokenizer.ggml.toke
            "tokenizer.ggml.eom_token_id", "tokenizer.ggml.fim_pad_token_id",
            "tokenizer.ggml.fim_rep_token_id", "tokenizer.ggml.fim_sep_token_id")
 _TYPE_BYTE = 6  # llama.cpp's LLAMA_TOKEN_TYPE_BYTE
+# ggml types (ggml.h's ``enum ggml_type``) -> (values per block, bytes per block): what a
+# tensor's data takes in the file. A type not listed is not checked. The test suite checks
+# every entry against the type traits of the ggml that xllamacpp links.
+GGML_BLOCKS = {0: (1, 4), 1: (1, 2), 2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24),
+               8: (32, 34), 9: (32, 36), 10: (256, 84), 11: (256, 110), 12: (256, 144),
+               13: (256, 176), 14: (256, 210), 15: (256, 292), 20: (32, 18), 23: (256, 136),
+               24: (1, 1), 25: (1, 2), 26: (1, 4), 27: (1, 8), 28: (1, 8), 30: (1, 2)}
 
 
 class GgufError(ValueError):
     """The file is not a GGUF model or lacks the vocabulary metadata."""
-
-
-def _read_metadata(path: Path, wanted: tuple[str, ...] = _WANTED
-                   ) -> dict[str, object]:
-    """The ``wanted`` metadata keys of a GGUF file."""
-    return _read_gguf(path, wanted)[0]
 
 
 def _read_gguf(path: Path, wanted: tuple[str, ...], tensors: bool = False
@@ -185,10 +186,34 @@ def _piece(text: str, kind: int, model: str, gpt2: dict[str, int]) -> bytes:
     return text.replace("\u2581", " ").encode("utf-8")
 
 
+def tensor_data_end(tensors: dict[str, tuple[tuple[int, ...], int, int]]) -> int:
+    """The byte where the last tensor's data ends (0 when no tensor's size is known): a
+    file shorter than this is cut short."""
+    end = 0
+    for dims, kind, offset in tensors.values():
+        block = GGML_BLOCKS.get(kind)
+        if block is None:
+            continue
+        values = int(np.prod(dims, dtype=np.float64)) if dims else 1
+        end = max(end, offset + values // block[0] * block[1])
+    return end
+
+
 @functools.lru_cache(maxsize=4)
 def answer_vocab(model_path: str, alphabet: frozenset[str]) -> AnswerVocab:
-    """End-of-generation ids and every token whose text is drawn from ``alphabet``."""
-    meta = _read_metadata(Path(model_path))
+    """End-of-generation ids and every token whose text is drawn from ``alphabet``;
+    GgufError for a file that is no model or is cut short (what a planned round reads
+    first: it says so before anything loads the weights)."""
+    path = Path(model_path)
+    meta, tensors = _read_gguf(path, _WANTED, tensors=True)
+    try:
+        size = path.stat().st_size
+    except OSError as exc:
+        raise GgufError(f"{path}: cannot read it ({exc.strerror})") from None
+    end = tensor_data_end(tensors)
+    if end > size:
+        raise GgufError(f"{path}: the file is cut short: its tensors need {end:,} bytes, it "
+                        f"has {size:,} (an interrupted download or copy?)")
     tokens = meta.get("tokenizer.ggml.tokens")
     if not isinstance(tokens, list) or not tokens:
         raise GgufError(f"{model_path}: no tokenizer.ggml.tokens in the GGUF metadata")

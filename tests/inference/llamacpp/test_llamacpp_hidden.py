@@ -24,7 +24,12 @@ from simpipe.bench.invariance import round3_prompts
 from simpipe.games.answer_format import IntegerAnswers
 from simpipe.inference.llamacpp import hidden as llamacpp_hidden
 from simpipe.inference.llamacpp.backend import LlamaCppBackend, ModelFileError, default_model_path
-from simpipe.inference.llamacpp.gguf_vocab import output_matrix
+from simpipe.inference.llamacpp.gguf_vocab import (
+    GGML_BLOCKS,
+    _read_gguf,
+    output_matrix,
+    tensor_data_end,
+)
 from simpipe.inference.llamacpp.hidden import (
     CHECKED_XLLAMACPP,
     GGML_Q8_0,
@@ -424,3 +429,15 @@ def test_the_hidden_state_engine_prints_nothing_but_llama_cpps_errors(tmp_path):
     assert llama_lines and all("error" in line or "fail" in line or "Unavailable" in line
                                for line in llama_lines), llama_lines
     assert len(proc.stderr) < 4000, proc.stderr[:2000]
+
+
+def test_the_gguf_block_sizes_are_the_linked_ggmls():
+    """``GGML_BLOCKS`` (what a cut-short file is measured with) agrees with ggml's own type
+    traits for every type it lists, and with the default model file's length."""
+    api = llamacpp_hidden.llama_api()
+    for kind, (block, size) in GGML_BLOCKS.items():
+        traits = api.ggml_get_type_traits(kind).contents
+        assert (traits.blck_size, traits.type_size) == (block, size), (kind, traits.type_name)
+    path = default_model_path()
+    _, tensors = _read_gguf(path, (), tensors=True)
+    assert tensor_data_end(tensors) == path.stat().st_size

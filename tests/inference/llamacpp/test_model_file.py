@@ -209,3 +209,27 @@ def test_damaged_gguf_metadata_is_one_gguf_error(tmp_path, tail):
     path.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 2, 5) + tail)
     with pytest.raises(GgufError, match="not a GGUF file|damaged or cut short|unknown GGUF"):
         answer_vocab(str(path), frozenset("0123456789"))
+
+
+def test_a_model_file_cut_short_is_named_before_anything_loads(tmp_path):
+    # An interrupted download passes `simpipe validate` (it starts with GGUF). A planned
+    # round reads the vocabulary first: it names the file as cut short, where the run used
+    # to warn that answer trees fall back to the server's probes and then fail to start it.
+    cut = tmp_path / "cut.gguf"
+    with default_model_path().open("rb") as f:
+        cut.write_bytes(f.read(20_000_000))
+    with pytest.raises(GgufError, match=r"cut short: its tensors need [\d,]+ bytes, it has "
+                                        r"20,000,000"):
+        answer_vocab(str(cut), frozenset("0123456789"))
+    backend = LlamaCppBackend(LlamaCppSettings(model_path=str(cut), n_parallel=1))
+    try:
+        with pytest.raises(ModelFileError, match=f"{KEY} = '{cut}': the file is cut short"):
+            backend.answer_vocab(frozenset("0123456789"))
+    finally:
+        asyncio.run(backend.aclose())
+    proc = simpipe_cli("run", str(QUICKSTART), "--set", f"{KEY}='{cut}'",
+                       "--set", f"run.output_dir='{tmp_path / 'results'}'")
+    assert proc.returncode == 2, proc.stderr
+    assert "top-n log-probabilities" not in proc.stderr and "Traceback" not in proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "cut short" in errors[0], proc.stderr
