@@ -46,7 +46,15 @@ import numpy as np
 from simpipe.answers.capabilities import backend_supports_distributions, prompt_style
 from simpipe.answers.distribution import AnswerDistribution
 from simpipe.answers.planner import LAZY_METHODS, METHODS, AnswerCosts, methods_record
-from simpipe.answers.shared import Lookup, prompt_hash, sharing_refusal, worth_a_distribution
+from simpipe.answers.shared import (
+    FRESH_PROMPT_S,
+    FULL_TREE_PROBES,
+    PROBE_S,
+    Lookup,
+    prompt_hash,
+    sharing_refusal,
+    worth_a_distribution,
+)
 from simpipe.config.model import Config
 from simpipe.config.population_mix import mix_attribute
 from simpipe.inference.cost_model import approx_tokens
@@ -89,9 +97,10 @@ def walk_chunk_size(n_prompts: int) -> int:
     the prompts alone, as ``chunk_size``."""
     return max(1, min(WALK_CHUNK_PROMPTS, -(-n_prompts // MIN_WALK_CHUNKS)))
 
-#: Expected seconds of one core per planned prompt, by method (the comments above): what
-#: the plan's ETA weighs its tasks by (``Layout.chunk_work``).
-TREE_PROMPT_S = 0.5
+#: Expected seconds of one core per planned prompt, by method: what the plan's ETA weighs
+#: its tasks by (``Layout.chunk_work``). A full tree as the sharing rule prices it
+#: (``full_tree_pays``: ~0.5 s); a walked prompt as measured above.
+TREE_PROMPT_S = FRESH_PROMPT_S + FULL_TREE_PROBES * PROBE_S
 WALK_PROMPT_S = 0.09
 
 #: No prompts (a partition that carries no planned prompt's cost).

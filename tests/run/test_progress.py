@@ -288,7 +288,9 @@ def test_the_plans_eta_weighs_each_task_by_its_work():
     assert work.eta(3.0) is None  # nothing done yet: no estimate
     work.finish(0)
     work.finish(1)
-    assert work.eta(5.0) == pytest.approx(5.0 * (2 * 241 * 0.09) / (2 * 5 * 0.5))
+    assert work.eta(5.0) == pytest.approx(5.0 * (2 * 241 * WALK_PROMPT_S)
+                                          / (2 * 5 * TREE_PROMPT_S))
+    assert work.eta(5.0) > 5.0  # the walks are most of the work (by tasks: 5.0 s more)
     work.finish(2)
     work.finish(3)
     assert work.eta(30.0) == 0.0
