@@ -386,3 +386,7 @@ _register_cluster(main)
 from simpipe.cli.ui import ui_command  # noqa: E402 - light: click only
 
 main.add_command(ui_command)
+
+from simpipe.cli.engine import engine_group  # noqa: E402 - light: click only
+
+main.add_command(engine_group)

@@ -21,6 +21,7 @@ from simpipe.core.errors import SimpipeError
 from simpipe.core.files import write_json_atomic
 from simpipe.core.records import CorruptFile, StrictRecord, read_json_record
 from simpipe.games.validity import MODEL, RULE_BASED, SYNTHETIC
+from simpipe.inference.llamacpp.native_build import installed_engine
 from simpipe.store.layout import LAYOUT, RunPaths, is_run_entry, layout_on_resume
 from simpipe.store.owner import owner_problem, this_process
 from simpipe.store.record import (
@@ -50,6 +51,10 @@ def package_versions() -> dict[str, str]:
             out[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             continue
+    if "xllamacpp" in out:
+        # Guesses are reproducible within one build: PyPI's wheel and one compiled for this
+        # CPU (`simpipe engine build`) round differently.
+        out["xllamacpp build"] = installed_engine().describe()
     return out
 
 

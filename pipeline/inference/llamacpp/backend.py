@@ -54,6 +54,7 @@ from simpipe.inference.llamacpp.hidden import (
     ModelFile,
     ModelFileChanged,
 )
+from simpipe.inference.llamacpp.native_build import engine_module
 from simpipe.inference.settings import MODEL_KEY, LlamaCppSettings, model_path_problem
 from simpipe.inference.types import AnswerVocab, ChainSettings, Probe, ProbeError, TopLogprobs
 
@@ -206,7 +207,7 @@ def build_params(
     ``n_ctx`` 0 gives each of the ``n_parallel`` slots 512 tokens; ``threads`` 0 uses every
     core this process may run on; ``port`` 0 lets the OS pick a free port.
     """
-    import xllamacpp
+    xllamacpp = engine_module()
 
     params = xllamacpp.CommonParams()
     params.model.path = str(model_path)
@@ -265,7 +266,7 @@ def tune_malloc() -> bool:
 
 def open_engine(params: Any) -> Any:
     """Load the model and start llama.cpp's scheduler (``xllamacpp.Server``), blocking."""
-    import xllamacpp
+    xllamacpp = engine_module()
 
     tune_malloc()
     return xllamacpp.Server(params)
@@ -276,7 +277,7 @@ def build_has_llguidance() -> bool:
     """Whether this xllamacpp build takes llguidance grammars: its JSON-schema converter
     then emits one (``%llguidance``). Asked of the converter, not the engine, so that no
     call leaves anything in the engine's cache before a run's first prompt."""
-    import xllamacpp
+    xllamacpp = engine_module()
 
     try:
         grammar = xllamacpp.json_schema_to_grammar('{"type": "integer"}')

@@ -51,6 +51,7 @@ from typing import BinaryIO
 import numpy as np
 
 from simpipe.inference.llamacpp.gguf_vocab import output_matrix
+from simpipe.inference.llamacpp.native_build import ENGINE_RELEASE, engine_module
 from simpipe.inference.settings import MODEL_KEY
 from simpipe.inference.types import Probe, ProbeError, TopLogprobs
 
@@ -66,7 +67,7 @@ N_BATCH = 512
 # release's layout would corrupt memory instead of failing, so other releases keep the
 # server's probes; pyproject.toml pins the same release, so that an install does not silently
 # lose this path.
-CHECKED_XLLAMACPP = ("2026.10.11549",)
+CHECKED_XLLAMACPP = (ENGINE_RELEASE,)
 
 
 class HiddenStateUnavailable(RuntimeError):
@@ -235,7 +236,7 @@ def llama_api() -> ctypes.CDLL:
 
 @functools.cache
 def _typed_api() -> ctypes.CDLL:
-    import xllamacpp
+    xllamacpp = engine_module()
 
     gpus = [d.get("name") for d in xllamacpp.get_device_info()
             if getattr(d.get("type"), "name", "").endswith(("_GPU", "_IGPU"))]
