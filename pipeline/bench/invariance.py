@@ -43,7 +43,7 @@ from simpipe.inference.base import GenerationRequest
 from simpipe.inference.llamacpp.backend import (
     build_has_llguidance,
     build_params,
-    default_model_path,
+    engine_model_path,
     open_engine,
     request_body,
 )
@@ -83,7 +83,7 @@ class Setup:
 
 
 def open_setup(setup: Setup, model_path: Path | None = None) -> Any:
-    params = build_params(model_path or default_model_path(), n_parallel=setup.n_parallel,
+    params = build_params(model_path or engine_model_path(), n_parallel=setup.n_parallel,
                           n_ctx=0, threads=setup.threads)
     params.kv_unified = setup.kv_unified
     params.swa_full = setup.swa_full

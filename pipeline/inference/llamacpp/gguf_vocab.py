@@ -54,6 +54,12 @@ def _read_gguf(path: Path, wanted: tuple[str, ...], tensors: bool = False
     """(the ``wanted`` metadata keys, and with ``tensors`` each tensor's (dims, ggml type,
     absolute offset of its data in the file)) of a GGUF file; GgufError for a file that is
     none, or whose metadata is damaged or cut short (read past its end)."""
+    meta, layout = _parse_checked(path, wanted, tensors)
+    return meta, layout.tensors
+
+
+def _parse_checked(path: Path, wanted: tuple[str, ...], tensors: bool
+                   ) -> tuple[dict[str, object], GgufLayout]:
     try:
         return _parse_gguf(path, wanted, tensors)
     except GgufError:
@@ -63,8 +69,26 @@ def _read_gguf(path: Path, wanted: tuple[str, ...], tensors: bool = False
                         f"({type(exc).__name__}: {exc})") from None
 
 
+@dataclass(frozen=True)
+class GgufLayout:
+    """Where a GGUF file's parts lie: the metadata ends (and the tensor list starts) at
+    ``info_start``; each tensor's data at its absolute offset, from ``data_start`` on, every
+    tensor aligned to ``alignment`` bytes."""
+
+    info_start: int
+    data_start: int
+    alignment: int
+    tensors: dict[str, tuple[tuple[int, ...], int, int]]  # name -> (dims, type, offset)
+
+
+def tensor_layout(path: Path) -> GgufLayout:
+    """Where the metadata ends and each tensor's data lies in a GGUF file (GgufError as
+    ``_read_gguf``)."""
+    return _parse_checked(path, (), True)[1]
+
+
 def _parse_gguf(path: Path, wanted: tuple[str, ...], tensors: bool
-                ) -> tuple[dict[str, object], dict[str, tuple[tuple[int, ...], int, int]]]:
+                ) -> tuple[dict[str, object], GgufLayout]:
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
         if buf[:4] != _MAGIC:
             raise GgufError(f"{path}: not a GGUF file")
@@ -112,6 +136,7 @@ def _parse_gguf(path: Path, wanted: tuple[str, ...], tensors: bool
             if name in wanted:
                 out[name] = val
         infos: dict[str, tuple[tuple[int, ...], int, int]] = {}
+        info_start = data_start = pos
         if tensors:
             for _ in range(n_tensors):
                 raw_name, pos = string(pos)
@@ -123,7 +148,7 @@ def _parse_gguf(path: Path, wanted: tuple[str, ...], tensors: bool
                 infos[raw_name.decode("utf-8", "replace")] = (tuple(dims), kind, offset)
             data_start = -(-pos // alignment) * alignment
             infos = {k: (d, t, data_start + o) for k, (d, t, o) in infos.items()}
-        return out, infos
+        return out, GgufLayout(info_start, data_start, alignment, infos)
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from simpipe.inference.base import GenerationRequest, OutputConstraint
 from simpipe.inference.llamacpp.backend import (
     LlamaCppBackend,
     default_model_path,
+    engine_model_path,
     resolve_model_path,
 )
 from simpipe.inference.settings import LlamaCppSettings
@@ -138,7 +139,7 @@ def test_default_model_path_is_reused(tmp_path, monkeypatch):
     assert path.is_file() and path.suffix == ".gguf"
     mtime = path.stat().st_mtime_ns
     assert default_model_path() == path and path.stat().st_mtime_ns == mtime
-    assert resolve_model_path(LlamaCppSettings()) == path
+    assert resolve_model_path(LlamaCppSettings()) == engine_model_path()
     monkeypatch.setenv("SIMPIPE_HOME", str(tmp_path))
     fresh = default_model_path()
     assert fresh == tmp_path / "models" / path.name
