@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import logging
 import os
 from pathlib import Path
 
@@ -155,6 +156,10 @@ def test_a_model_package_without_a_pin_is_loaded_as_it_is(tmp_path, monkeypatch)
 def test_a_copy_that_misses_its_pin_is_not_used(tmp_path, monkeypatch, caplog):
     monkeypatch.setenv("SIMPIPE_HOME", str(tmp_path))
     monkeypatch.setattr(backend, "WIDENED_SHA256", {gemma.EXPECTED_SHA256: "0" * 64})
+    # Another test in this process may have configured logging (dask's dictConfig disables
+    # loggers that exist by then, and a CLI run sets levels): hear this one's warning.
+    monkeypatch.setattr(backend.logger, "disabled", False)
+    caplog.set_level(logging.WARNING, logger=backend.logger.name)
     assert engine_model_path() == default_model_path()
     assert "does not have its pinned sha256" in caplog.text
     assert not list((tmp_path / "models").glob("*q5_0-as-q8_0.gguf"))
