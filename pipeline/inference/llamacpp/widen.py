@@ -22,8 +22,6 @@ is loaded as given.
 
 from __future__ import annotations
 
-import os
-import uuid
 from pathlib import Path
 
 import numpy as np
@@ -60,9 +58,9 @@ def q5_0_as_q8_0(raw: bytes | memoryview) -> bytes:
 
 def widen_q5_0(src: Path, dst: Path) -> int:
     """Write ``src`` to ``dst`` with every Q5_0 tensor stored as Q8_0 (metadata and every
-    other tensor byte for byte); the number of tensors rewritten. Written to a temporary
-    file beside ``dst`` and renamed into place, so ``dst`` is whole or absent. GgufError
-    for a file that is no GGUF model or is cut short."""
+    other tensor byte for byte); the number of tensors rewritten (the caller makes the
+    write atomic: ``backend._made_once``). GgufError, before ``dst`` is opened, for a file
+    that is no GGUF model or is cut short."""
     layout = tensor_layout(src)
     order = sorted(layout.tensors.items(), key=lambda item: item[1][2])
     size = src.stat().st_size
@@ -94,23 +92,18 @@ def widen_q5_0(src: Path, dst: Path) -> int:
         infos += b"".join(int(d).to_bytes(8, "little") for d in dims)
         infos += (Q8_0 if kind == Q5_0 else kind).to_bytes(4, "little")
         infos += new_offset[name].to_bytes(8, "little")
-    tmp = dst.with_name(f".{dst.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
     widened = 0
-    try:
-        with src.open("rb") as f, tmp.open("wb") as out:
-            out.write(f.read(layout.info_start))  # header and metadata, unchanged
-            out.write(infos)
-            out.write(b"\0" * (-out.tell() % align))
-            base = out.tell()
-            for name, _, kind, offset, length in plan:
-                out.write(b"\0" * (base + new_offset[name] - out.tell()))
-                f.seek(offset)
-                data = f.read(length)
-                if kind == Q5_0:
-                    data = q5_0_as_q8_0(data)
-                    widened += 1
-                out.write(data)
-        os.replace(tmp, dst)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with src.open("rb") as f, dst.open("wb") as out:
+        out.write(f.read(layout.info_start))  # header and metadata, unchanged
+        out.write(infos)
+        out.write(b"\0" * (-out.tell() % align))
+        base = out.tell()
+        for name, _, kind, offset, length in plan:
+            out.write(b"\0" * (base + new_offset[name] - out.tell()))
+            f.seek(offset)
+            data = f.read(length)
+            if kind == Q5_0:
+                data = q5_0_as_q8_0(data)
+                widened += 1
+            out.write(data)
     return widened
