@@ -33,7 +33,7 @@ def engine_show() -> None:
     if unused:
         click.echo(f"this CPU also has {', '.join(unused)}: `simpipe engine build` compiles "
                    "the engine for it (minutes; on the machine docs/benchmarks.md measured, "
-                   "runs with shared answers took 0.76 of the time, and calls of one agent "
+                   "runs with shared answers took about 0.8 of the time, and calls of one agent "
                    "each 1.7 times as long: that build has no llguidance)")
     elif flags is not None:
         click.echo("the engine uses every instruction set of this CPU that llama.cpp can")
