@@ -199,23 +199,46 @@ def _fresh_log() -> Path:
     return log
 
 
-def _system_info() -> str:
-    """llama.cpp's system info line of the installed build, from a fresh process (this one
-    may have loaded the previous build)."""
+def _system_info(log: Path, path: Path | None = None) -> str | None:
+    """llama.cpp's system info line of the xllamacpp that a fresh process imports (this one
+    may have loaded another build), from folder ``path`` first where given; None, with the
+    import's error appended to ``log``, when it does not load."""
+    env = None
+    if path is not None:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+            p for p in (str(path), os.environ.get("PYTHONPATH")) if p)}
     done = subprocess.run([sys.executable, "-c", "import xllamacpp; "
-                           "print(xllamacpp.get_system_info())"],
+                           "print(xllamacpp.get_system_info())"], env=env,
                           capture_output=True, text=True, check=False, timeout=120)
     if done.returncode:
-        raise EngineBuildError("the engine just built does not load (`python -c 'import "
-                               f"xllamacpp'` failed: {done.stderr.strip()[-500:]}); "
-                               "`simpipe engine build --prebuilt` puts PyPI's wheel back")
+        with log.open("a") as out:
+            out.write(f"$ python -c 'import xllamacpp'\n{done.stderr}")
+        return None
     return done.stdout
+
+
+def check_loads(wheel: Path, log: Path) -> str:
+    """llama.cpp's system info line of ``wheel``'s engine, loaded by a fresh process from a
+    temporary folder before the wheel replaces the installed engine: EngineBuildError, the
+    installed engine untouched, when it does not load (a compiler that emits instructions
+    the CPU refuses, a library the build linked that is missing here)."""
+    with tempfile.TemporaryDirectory(prefix="simpipe-engine-try-") as folder:
+        _pip(["install", "--no-deps", "--no-compile", "--target", folder, str(wheel)],
+             None, log)
+        info = _system_info(log, Path(folder))
+    if info is None:
+        tail = log.read_text(errors="replace").splitlines()[-8:]
+        raise EngineBuildError(f"the engine just built ({wheel.name}) does not load; the "
+                               f"installed engine is unchanged. The import's last lines (all "
+                               f"of it in {log}):\n  " + "\n  ".join(tail))
+    return info
 
 
 def build_for_this_cpu(jobs: int, say: Callable[[str], None]) -> EngineBuild:
     """Compile the pinned release for this CPU and install it over the current one. The
-    wheel is built first, in a temporary folder: a failed build leaves the installed engine
-    as it was."""
+    wheel is built first, in a temporary folder, and loaded from another before it is
+    installed: a failed build, or one that does not load, leaves the installed engine as it
+    was."""
     missing = missing_build_tools()
     if missing:
         raise EngineBuildError("building the engine needs " + "; ".join(missing))
@@ -229,9 +252,14 @@ def build_for_this_cpu(jobs: int, say: Callable[[str], None]) -> EngineBuild:
         _pip(["wheel", "--no-deps", "--no-binary", "xllamacpp", "--no-cache-dir",
               "--wheel-dir", wheels, f"xllamacpp=={ENGINE_RELEASE}"], env, log)
         wheel = next(Path(wheels).glob("xllamacpp-*.whl"))
+        say(f"loading {wheel.name} before it replaces the installed engine")
+        sets = compiled_instruction_sets(check_loads(wheel, log))
         say(f"installing {wheel.name}")
         _pip(["install", "--no-deps", "--force-reinstall", str(wheel)], None, log)
-    _record_build(compiled_instruction_sets(_system_info()))
+    if _system_info(log) is None:  # (the same wheel loaded a moment ago)
+        raise EngineBuildError(f"the engine just installed does not load (see {log}); "
+                               "`simpipe engine build --prebuilt` puts PyPI's wheel back")
+    _record_build(sets)
     return installed_engine()
 
 

@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import sysconfig
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ from simpipe.inference.llamacpp.native_build import (
     EngineBuild,
     EngineBuildError,
     check_cpu,
+    check_loads,
     compiled_instruction_sets,
     cpu_flags,
     engine_module,
@@ -78,6 +80,58 @@ def test_show_names_what_this_cpu_has_and_the_engine_leaves_unused(tmp_path: Pat
                                 "avx512_vnni", "amx_int8"})
     assert unused_instruction_sets(prebuilt, newer) == ["AVX512", "AVX512_VNNI"]
     assert unused_instruction_sets(prebuilt, None) == []  # no /proc/cpuinfo: nothing claimed
+
+
+def _wheel(folder: Path, module: str) -> Path:
+    """A wheel of xllamacpp at the pinned release whose module is ``module`` (pip installs
+    it as it would the one ``simpipe engine build`` compiles)."""
+    name = f"xllamacpp-{ENGINE_RELEASE}"
+    path = folder / f"{name}-py3-none-any.whl"
+    files = {"xllamacpp/__init__.py": module,
+             f"{name}.dist-info/METADATA": ("Metadata-Version: 2.1\nName: xllamacpp\n"
+                                            f"Version: {ENGINE_RELEASE}\n"),
+             f"{name}.dist-info/WHEEL": ("Wheel-Version: 1.0\nGenerator: test\n"
+                                         "Root-Is-Purelib: true\nTag: py3-none-any\n")}
+    files[f"{name}.dist-info/RECORD"] = "".join(f"{f},,\n" for f in files) + \
+        f"{name}.dist-info/RECORD,,\n"
+    with zipfile.ZipFile(path, "w") as z:
+        for f, text in files.items():
+            z.writestr(f, text)
+    return path
+
+
+def _installed_engine_loads() -> str:
+    done = subprocess.run([sys.executable, "-c", "import xllamacpp; "
+                           "print(xllamacpp.get_system_info())"],
+                          capture_output=True, text=True, check=True, timeout=120)
+    return done.stdout
+
+
+def test_a_built_engine_that_does_not_load_leaves_the_installed_one_in_place(
+        tmp_path: Path) -> None:
+    # What `simpipe engine build` does between compiling and installing: the wheel is loaded
+    # by a fresh process from a folder of its own; one that fails to import is never
+    # installed, and the error carries the import's own words.
+    before, info = installed_engine(), _installed_engine_loads()
+    log = tmp_path / "engine-build.log"
+    broken = _wheel(tmp_path, "raise ImportError('undefined symbol: ggml_test_missing')\n")
+    with pytest.raises(EngineBuildError) as caught:
+        check_loads(broken, log)
+    message = str(caught.value)
+    assert "does not load" in message and "installed engine is unchanged" in message
+    assert "undefined symbol: ggml_test_missing" in message and str(log) in message
+    assert installed_engine() == before and _installed_engine_loads() == info
+
+
+def test_a_built_engine_that_loads_reports_its_own_instruction_sets(tmp_path: Path) -> None:
+    # The sets recorded for a build are the new wheel's, read before it is installed, not
+    # those of the engine still installed.
+    line = "CPU : AVX = 1 | AVX2 = 1 | AVX512 = 1 | AVX512_VNNI = 1 | AMX_INT8 = 0 | "
+    good = _wheel(tmp_path, f"def get_system_info():\n    return {line!r}\n")
+    got = check_loads(good, tmp_path / "engine-build.log")
+    assert compiled_instruction_sets(got) == ("AVX", "AVX2", "AVX512", "AVX512_VNNI")
+    assert installed_engine().release == ENGINE_RELEASE
+    assert compiled_instruction_sets(_installed_engine_loads()) == installed_engine().compiled_for
 
 
 @pytest.mark.slow
