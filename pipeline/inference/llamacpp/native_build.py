@@ -207,12 +207,16 @@ def _system_info(log: Path, path: Path | None = None) -> str | None:
     if path is not None:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(
             p for p in (str(path), os.environ.get("PYTHONPATH")) if p)}
-    done = subprocess.run([sys.executable, "-c", "import xllamacpp; "
-                           "print(xllamacpp.get_system_info())"], env=env,
-                          capture_output=True, text=True, check=False, timeout=120)
-    if done.returncode:
+    try:
+        done = subprocess.run([sys.executable, "-c", "import xllamacpp; "
+                               "print(xllamacpp.get_system_info())"], env=env,
+                              capture_output=True, text=True, check=False, timeout=120)
+        failed, stderr = done.returncode != 0, done.stderr
+    except subprocess.TimeoutExpired:
+        failed, stderr = True, "no answer within 120 s\n"
+    if failed:
         with log.open("a") as out:
-            out.write(f"$ python -c 'import xllamacpp'\n{done.stderr}")
+            out.write(f"$ python -c 'import xllamacpp'\n{stderr}")
         return None
     return done.stdout
 
