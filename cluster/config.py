@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime
 import math
 import re
+import shlex
 from typing import Annotated, Any, ClassVar, Literal
 
 from dask.utils import parse_bytes
@@ -267,6 +268,18 @@ class ServersConfig(_Section):
         return self.plugin.endpoint_backend
 
     @property
+    def slots_per_server(self) -> int | None:
+        """The requests each server decodes together, where its kind says and it starts with
+        the kind's own command line (a ``command`` of one's own may start anything)."""
+        if self.command:
+            return None
+        try:
+            args = shlex.split(self.extra_args)
+        except ValueError:  # an unclosed quote: the job script would fail to start it anyway
+            return None
+        return self.plugin.slots_of(args)
+
+    @property
     def servers_per_job(self) -> int:
         """Servers (ports) one SLURM job runs: an emulator process holds several GPUs."""
         return self.emulated.gpus_per_process if self.plugin.emulator else 1
@@ -284,6 +297,12 @@ class ClusterSettings(_Section):
     #: Whether this kind starts server jobs; the others run only emulated servers (as
     #: local processes).
     server_jobs: ClassVar[bool] = False
+
+    @property
+    def most_worker_processes(self) -> int | None:
+        """The most Dask worker processes the kind runs at once (each opens its own
+        connections to the servers); None where the config does not say."""
+        return None
 
     @model_validator(mode="after")
     def _servers_run_here(self) -> ClusterSettings:
@@ -326,6 +345,10 @@ class LocalClusterConfig(_WithDashboard):
     @classmethod
     def _memory_limit(cls, value: str) -> str:
         return value if value == "auto" else memory_amount(value)
+
+    @property
+    def most_worker_processes(self) -> int | None:
+        return self.workers
 
 
 class AddressClusterConfig(ClusterSettings):
@@ -411,6 +434,11 @@ class SlurmClusterConfig(_WithDashboard):
     @property
     def n_jobs(self) -> int:
         return self.jobs if self.jobs is not None else (0 if self.adapt else 1)
+
+    @property
+    def most_worker_processes(self) -> int | None:
+        jobs = self.adapt.maximum if self.adapt is not None else self.n_jobs
+        return jobs * self.processes
 
     def worker_lifetime_args(self) -> list[str]:
         """``--lifetime``/``--lifetime-stagger`` for the workers, below the walltime.

@@ -59,6 +59,10 @@ class ServerKindPlugin:
     #: a request independent of what else is in its batch (with the per-request seed: the
     #: same guesses on every run); empty: the kind has no such mode and the key is refused.
     batch_invariant_env: Mapping[str, str] = field(default_factory=dict)
+    #: ``"module:function"``, ``(extra arguments) -> slots``: the requests one server of this
+    #: kind started with those arguments decodes together (None: arguments it would not
+    #: start with); None: the kind does not say (vLLM and TGI batch what arrives).
+    slots: str | None = None
 
     @property
     def needs_command(self) -> bool:
@@ -69,6 +73,13 @@ class ServerKindPlugin:
     def needs_slurm(self) -> bool:
         """Its servers only run as SLURM jobs (``cluster.kind = "slurm"``)."""
         return self.starts_servers and self.local is None
+
+    def slots_of(self, extra_args: list[str]) -> int | None:
+        """One server's slots when started with ``extra_args``; None where not known."""
+        if self.slots is None:
+            return None
+        module, _, function = self.slots.partition(":")
+        return getattr(importlib.import_module(module), function)(extra_args)
 
     def local_processes(self) -> Callable[[Any], AbstractContextManager[list[str]]]:
         if self.local is None:
@@ -104,7 +115,8 @@ SERVER_KINDS: dict[str, ServerKindPlugin] = {kind.name: kind for kind in (
         "llamacpp", "the embedded engine's HTTP server, for CPU nodes", endpoint_backend="openai",
         template=("{python} -m simpipe.servers.llamacpp_server --host {host} --port {port} "
                   "--threads {cpus} {model_flag} {extra_args}"),
-        emulator_params={"max_concurrent_requests": NO_LIMIT}),
+        emulator_params={"max_concurrent_requests": NO_LIMIT},
+        slots="simpipe.servers.llamacpp_server:slots_of"),
     ServerKindPlugin("custom", "needs `command`"),
     # Emulated GPU servers (dry runs): one process, several GPUs on ports from {port}.
     ServerKindPlugin(

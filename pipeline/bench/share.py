@@ -30,7 +30,6 @@ import numpy as np
 from simpipe.agents.base import Turn
 from simpipe.agents.llm import build_requests
 from simpipe.answers.planner import METHODS
-from simpipe.cluster.config import LocalClusterConfig
 from simpipe.config.model import Config, apply_override, config_from_dict
 from simpipe.core.aio import run_async
 from simpipe.core.memory import PeakMemory
@@ -42,6 +41,7 @@ from simpipe.inference.llamacpp.backend import (
     server_constraint,
 )
 from simpipe.run.console import Console
+from simpipe.run.server_slots import connections_that_fit
 from simpipe.run.simulation import run_simulation
 from simpipe.servers.llamacpp_server import LlamaCppProcess
 from simpipe.store.results import read_ledger, read_population
@@ -184,7 +184,7 @@ def _openai_rows(config: Config) -> list[dict]:
     llguidance's form, and as many connections from all workers together as it has slots."""
     embedded = config.agents.llamacpp
     model = resolve_model_path(embedded)
-    workers = config.cluster.workers if isinstance(config.cluster, LocalClusterConfig) else 1
+    processes = config.cluster.most_worker_processes or 1
     with tempfile.TemporaryDirectory(prefix="simpipe-share-") as tmp, \
             LlamaCppProcess(parallel=embedded.n_parallel, model=model) as server:
         raw = config.model_dump(mode="json")
@@ -193,7 +193,8 @@ def _openai_rows(config: Config) -> list[dict]:
                                    "endpoints": [server.url],
                                    # every worker's connections together fill the
                                    # server's slots and no more (docs/shared-answers.md)
-                                   "max_concurrency": max(1, embedded.n_parallel // workers),
+                                   "max_concurrency": connections_that_fit(
+                                       embedded.n_parallel, processes),
                                    "answer_distributions": "llamacpp",
                                    # the server is this xllamacpp build, which has llguidance
                                    "constraint": server_constraint()}

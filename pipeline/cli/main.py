@@ -75,12 +75,16 @@ def validate(config_path: str, overrides: tuple[str, ...]) -> None:
     model, population, cluster, and agent 0's round-1 prompt as an example."""
     from simpipe.cli.settings import resolved_settings
     from simpipe.config.population_mix import backend_summary
+    from simpipe.run.server_slots import oversubscribed_slots
 
     config = load(config_path, overrides)
     click.echo(f"ok: {config_path}  (results hash {config.results_hash()}, "
                f"{config.population.size:,} agents in {config.population.n_partitions} partitions, "
                f"{config.game.rounds} rounds, backend {backend_summary(config.agents)})")
     click.echo(resolved_settings(config))
+    warning = oversubscribed_slots(config)
+    if warning is not None:
+        click.echo(f"warning: {warning}")
     if config.experiment is not None:
         from simpipe.run.experiment import load_experiment
 

@@ -136,7 +136,9 @@ class HttpSettings(_Section):
         "server, keep this times the worker processes at most the server's slots "
         "(`--parallel`): each connection's next prompt then finds its slot idle and holding "
         "its neighbour, twice as fast as with twice the connections ([per-agent requests in "
-        "runs](shared-answers.md#per-agent-requests-go-in-runs-of-neighbouring-prompts))"))
+        "runs](shared-answers.md#per-agent-requests-go-in-runs-of-neighbouring-prompts)); "
+        "a run that starts llama.cpp servers (`cluster.servers.kind = \"llamacpp\"`) and "
+        "`simpipe validate` warn when it does not, with the value that fits"))
     timeout_s: FiniteFloat = Field(120.0, gt=0, le=MAX_TIMEOUT_S, description=(
         "per request, the whole exchange; at most 86,400 (a day)"))
     retries: StrictInt = Field(4, ge=0, le=MAX_RETRIES, description=(

@@ -27,14 +27,16 @@ from simpipe.inference.llamacpp.backend import build_params, engine_model_path, 
 from simpipe.servers.process import ServerProcess
 
 READY_LINE = "simpipe-llamacpp-server listening on"
+#: Slots (sequences decoded together) when ``--parallel`` is not given.
+DEFAULT_PARALLEL = 4
 
 
 class LlamaCppProcess(ServerProcess):
     """This server in a child process, on a free port:
     ``with LlamaCppProcess(parallel=4) as server: server.url``."""
 
-    def __init__(self, *, parallel: int = 4, model: str | Path | None = None, port: int = 0,
-                 threads: int = 0, start_timeout_s: float = 300.0) -> None:
+    def __init__(self, *, parallel: int = DEFAULT_PARALLEL, model: str | Path | None = None,
+                 port: int = 0, threads: int = 0, start_timeout_s: float = 300.0) -> None:
         command = [sys.executable, "-m", "simpipe.servers.llamacpp_server",
                    "--port", str(port), "--parallel", str(parallel), "--threads", str(threads)]
         if model is not None:
@@ -44,16 +46,33 @@ class LlamaCppProcess(ServerProcess):
                          start_timeout_s=start_timeout_s, stderr=subprocess.DEVNULL)
 
 
-def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+def _parser(exit_on_error: bool = True) -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m simpipe.servers.llamacpp_server",
-                                 description=__doc__.split("\n\n")[0])
+                                 description=__doc__.split("\n\n")[0],
+                                 exit_on_error=exit_on_error)
     ap.add_argument("--model", help="GGUF file (default: the Gemma 3 270M model)")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8080)
-    ap.add_argument("--parallel", type=int, default=4, help="slots decoded together")
+    ap.add_argument("--parallel", "-np", type=int, default=DEFAULT_PARALLEL,
+                    help="slots decoded together")
     ap.add_argument("--ctx", type=int, default=0, help="KV tokens in all (0: 512 per slot)")
     ap.add_argument("--threads", type=int, default=0, help="0: every core available")
-    return ap.parse_args(argv)
+    return ap
+
+
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    return _parser().parse_args(argv)
+
+
+def slots_of(args: list[str]) -> int | None:
+    """The slots a server started with these extra arguments has, read by the server's own
+    parser (``cluster.servers.extra_args``: the last ``--parallel`` wins, as when it starts);
+    None when the arguments are not ones it would start with."""
+    try:
+        known, _ = _parser(exit_on_error=False).parse_known_args(args)
+    except argparse.ArgumentError:  # "--parallel x", or "--parallel" with no value
+        return None
+    return known.parallel if known.parallel >= 1 else None
 
 
 def _wait_healthy(url: str, timeout_s: float = 60.0) -> bool:
