@@ -118,8 +118,10 @@ class RoundMeter:
 
     def playing(self) -> None:
         """The round plan is done and the partitions are submitted: the rate counts from
-        now (a million agents' plan takes minutes in which no agent is answered)."""
-        self._playing_since = time.perf_counter()
+        now (a million agents' plan takes minutes in which no agent is answered), and so
+        does the next line: the plan printed its own, and a line at the moment the
+        partitions start would show only their first instant's rate next to the round's."""
+        self._playing_since = self._last_line = time.perf_counter()
 
     def finished(self, outcome: PartitionOutcome) -> None:
         self.done[outcome.partition] = outcome

@@ -295,3 +295,46 @@ def test_the_plans_eta_weighs_each_task_by_its_work():
     work.finish(3)
     assert work.eta(30.0) == 0.0
     assert TaskWork([1.0, 1.0]).eta(1.0) is None
+
+
+class _Clock:
+    """``time`` for the meter, moved by the test: which line is printed when is the
+    behaviour under test, not how long anything takes."""
+
+    def __init__(self) -> None:
+        self.now = 1_000.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+def test_the_first_agent_line_comes_a_period_after_the_partitions_start(tmp_path,
+                                                                        monkeypatch):
+    # A round whose plan took 45 s printed, the instant its partitions started drawing, a
+    # line of their first instant ("1,000/1,000 agents ... 8,195 agents/s") next to the
+    # round's own "26 agents/s". The plan prints its own lines; the agents' line now counts
+    # its period from when the partitions start.
+    from simpipe.run import round_progress
+    from simpipe.store.ledger import open_run_dir
+
+    clock = _Clock()
+    monkeypatch.setattr(round_progress, "time", clock)
+    config = small_config(tmp_path)
+    ledger = open_run_dir(RunPaths(config.run_dir), config, resume=False, force=False)
+    log = tmp_path / "console.log"
+    console = Console(quiet=True)
+    console.attach_log(log)
+    try:
+        meter = round_progress.RoundMeter(None, console, ledger, 0, 1, [300, 300])
+        clock.now += 45.0  # the round plan's stages
+        meter.playing()
+        meter.update()
+        clock.now += round_progress.LINE_EVERY_S - 1.0
+        meter.update()
+        assert "agents/s" not in log.read_text()
+        clock.now += 1.0
+        meter.update()
+        lines = [line for line in log.read_text().splitlines() if "agents/s" in line]
+        assert len(lines) == 1 and "round 1/1: 0/600 agents (0/2 partitions)" in lines[0]
+    finally:
+        console.detach_log()
