@@ -63,6 +63,11 @@ class TaskWork:
     def finish(self, index: int) -> None:
         self.done += self.weights[index]
 
+    @property
+    def fraction(self) -> float:
+        """The share of the work done, 0 to 1 (1 when there is none)."""
+        return min(self.done / self.total, 1.0) if self.total > 0 else 1.0
+
     def eta(self, elapsed_s: float) -> float | None:
         """Seconds left; None before any work is done."""
         if self.done <= 0.0:
@@ -108,13 +113,15 @@ class RoundMeter:
         self.bar = console.progress(sum(sizes), f"round {round_index + 1}", unit="agent")
 
     def planning(self, stage: str, tasks_done: int, tasks_total: int, eta_s: float | None,
-                 force: bool = False) -> None:
-        """The round's plan has ``tasks_done`` of ``tasks_total`` tasks of ``stage`` done
-        (``eta_s``: the stage's): saved for watchers (the UI), who otherwise see nothing
-        until the partitions play. Elapsed is the round's, as when it plays."""
+                 work_done: float | None = None, force: bool = False) -> None:
+        """The round's plan has ``tasks_done`` of ``tasks_total`` tasks of ``stage`` done,
+        ``work_done`` of its work (``eta_s``: the stage's): saved for watchers (the UI), who
+        otherwise see nothing until the partitions play. Elapsed is the round's, as when it
+        plays."""
         self.ledger.record_plan_progress(self.round, stage, tasks_done, tasks_total,
                                          time.perf_counter() - self.started, eta_s,
-                                         len(self.sizes), sum(self.sizes), force=force)
+                                         len(self.sizes), sum(self.sizes), force=force,
+                                         work_done=work_done)
 
     def playing(self) -> None:
         """The round plan is done and the partitions are submitted: the rate counts from

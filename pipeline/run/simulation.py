@@ -309,7 +309,7 @@ def _play_round(client: Client, config: Config, paths: RunPaths, meter: RoundMet
     return sorted(outcomes, key=lambda o: o.partition), numbers
 
 
-#: ``on_progress(tasks_done, tasks_total, eta_s, force=...)`` of ``_await``.
+#: ``on_progress(tasks_done, tasks_total, eta_s, work_done, force=...)`` of ``_await``.
 PlanProgressSink = Callable[..., None]
 
 
@@ -319,8 +319,9 @@ def _await(client: Client, futures: list[Future], label: str, paths: RunPaths,
     """Wait for a round's planning tasks, with a progress bar and, every ``LINE_EVERY_S``, a
     line with the tasks done and an ETA (a batch job's log has no bar; computing a million
     agents' distributions takes minutes before any partition plays), each step told to
-    ``on_progress(done, total, eta_s, force=...)`` (run.json, for the UI); the ETA weighs
-    each task by its expected ``work`` (equal without). A failed task raises its error
+    ``on_progress(done, total, eta_s, work_done, force=...)`` (run.json, for the UI); the
+    ETA and ``work_done`` (the share of the work done) weigh each task by its expected
+    ``work`` (equal without). A failed task raises its error
     here, and a cancel request stops the run (nothing of the round is on disk yet)."""
     bar = console.progress(len(futures), label)
     pending = as_completed(futures, timeout=None)
@@ -329,7 +330,7 @@ def _await(client: Client, futures: list[Future], label: str, paths: RunPaths,
     done = 0
     started = last_line = time.perf_counter()
     if on_progress is not None:
-        on_progress(0, len(futures), None, force=True)
+        on_progress(0, len(futures), None, 0.0, force=True)
     try:
         while done < len(futures):
             for future in pending.next_batch(block=False) or _wait_one(pending):
@@ -341,7 +342,8 @@ def _await(client: Client, futures: list[Future], label: str, paths: RunPaths,
             now = time.perf_counter()
             eta = tally.eta(now - started)
             if on_progress is not None:
-                on_progress(done, len(futures), eta, force=done == len(futures))
+                on_progress(done, len(futures), eta, tally.fraction,
+                            force=done == len(futures))
             if now - last_line >= LINE_EVERY_S and done < len(futures):
                 last_line = now
                 console.line(f"{label}: {done:,}/{len(futures):,} tasks, {format_eta(eta)}")

@@ -156,14 +156,17 @@ class Ledger:
     def record_plan_progress(self, round_index: int, stage: str, tasks_done: int,
                              tasks_total: int, elapsed_s: float, eta_s: float | None,
                              partitions_total: int, agents_total: int,
-                             force: bool = False) -> None:
+                             force: bool = False, work_done: float | None = None) -> None:
         """Live progress while a round is planned (no agent has played yet): the plan's
-        ``stage`` and its tasks; saved at most twice a second, as ``record_progress``."""
+        ``stage``, its tasks and the share of its work done (``work_done``, 0 to 1); saved
+        at most twice a second, as ``record_progress``."""
         self._update(progress=Progress(
             round=round_index + self.record.first_round, partitions_total=partitions_total,
             agents_total=agents_total, elapsed_s=round(elapsed_s, 3),
             planning=PlanProgress(stage=stage, tasks_done=tasks_done, tasks_total=tasks_total,
-                                  eta_s=round(eta_s, 1) if eta_s is not None else None)))
+                                  eta_s=round(eta_s, 1) if eta_s is not None else None,
+                                  work_done=(round(work_done, 4) if work_done is not None
+                                             else None))))
         self._save_progress(force)
 
     def record_round(self, round_index: int, record: RoundRecord) -> RoundRecord:

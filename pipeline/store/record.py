@@ -66,6 +66,10 @@ class PlanProgress(_Record):
     tasks_done: NonNegative = 0
     tasks_total: NonNegative = 0
     eta_s: float | None = None  # at the stage's rate so far
+    # The share of the stage's expected work done, each task weighed by its size (a chunk
+    # of 256 walked prompts is not the wait of a small tree): what the bar shows. None in
+    # a run.json written before it existed (the bar then counts tasks).
+    work_done: float | None = None
 
 
 class Progress(_Record):

@@ -229,13 +229,14 @@ def test_run_json_shows_a_round_plans_tasks_until_the_partitions_play(tmp_path):
     config = small_config(tmp_path)
     ledger = open_run_dir(RunPaths(config.run_dir), config, resume=False, force=False)
     ledger.record_plan_progress(2, "distributions", 1_200, 4_081, 600.0, 1_440.0,
-                                partitions_total=16, agents_total=1_000_000, force=True)
+                                partitions_total=16, agents_total=1_000_000, force=True,
+                                work_done=0.29407)
     progress = read_ledger(config.run_dir).progress
     assert progress.round == 3 and progress.agents_total == 1_000_000
     assert progress.agents_done == 0 and progress.partitions_total == 16
     plan = progress.planning
-    assert (plan.stage, plan.tasks_done, plan.tasks_total, plan.eta_s) == (
-        "distributions", 1_200, 4_081, 1_440.0)
+    assert (plan.stage, plan.tasks_done, plan.tasks_total, plan.eta_s, plan.work_done) == (
+        "distributions", 1_200, 4_081, 1_440.0, 0.2941)
     # The partitions play: the agents' progress replaces the plan's.
     ledger.record_progress(2, 0, 16, 100, 1.0, force=True, agents_total=1_000_000)
     assert read_ledger(config.run_dir).progress.planning is None
@@ -250,6 +251,7 @@ def test_a_planned_round_shows_its_plan_in_run_json_while_it_runs(client, tmp_pa
                           game={"rounds": 1}, agents={"backend": "llamacpp", "max_tokens": 4})
     assert plans_rounds(config)
     seen: list[tuple[str, int, int, int]] = []
+    work: list[float | None] = []
     stop = threading.Event()
 
     def watch() -> None:
@@ -262,6 +264,7 @@ def test_a_planned_round_shows_its_plan_in_run_json_while_it_runs(client, tmp_pa
             if progress is not None and progress.planning is not None:
                 p = progress.planning
                 seen.append((p.stage, p.tasks_done, p.tasks_total, progress.agents_done))
+                work.append(p.work_done)
             time.sleep(0.01)
 
     watcher = threading.Thread(target=watch, daemon=True)
@@ -274,6 +277,7 @@ def test_a_planned_round_shows_its_plan_in_run_json_while_it_runs(client, tmp_pa
     stages = {stage for stage, *_ in seen}
     assert "distributions" in stages, seen
     assert all(done <= total and agents == 0 for _, done, total, agents in seen), seen
+    assert work and all(w is not None and 0.0 <= w <= 1.0 for w in work), work
     assert read_ledger(config.run_dir).progress is None  # cleared when the round is recorded
 
 
@@ -286,15 +290,20 @@ def test_the_plans_eta_weighs_each_task_by_its_work():
     work = TaskWork([5 * TREE_PROMPT_S, 5 * TREE_PROMPT_S, 241 * WALK_PROMPT_S,
                      241 * WALK_PROMPT_S])
     assert work.eta(3.0) is None  # nothing done yet: no estimate
+    assert work.fraction == 0.0
     work.finish(0)
     work.finish(1)
     assert work.eta(5.0) == pytest.approx(5.0 * (2 * 241 * WALK_PROMPT_S)
                                           / (2 * 5 * TREE_PROMPT_S))
     assert work.eta(5.0) > 5.0  # the walks are most of the work (by tasks: 5.0 s more)
+    # What the UI's bar shows: far less than the half of the tasks.
+    assert work.fraction == pytest.approx(TREE_PROMPT_S / (TREE_PROMPT_S + 241 * WALK_PROMPT_S / 5))
+    assert work.fraction < 0.5
     work.finish(2)
     work.finish(3)
-    assert work.eta(30.0) == 0.0
+    assert work.eta(30.0) == 0.0 and work.fraction == 1.0
     assert TaskWork([1.0, 1.0]).eta(1.0) is None
+    assert TaskWork([]).fraction == 1.0
 
 
 class _Clock:

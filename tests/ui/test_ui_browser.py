@@ -422,6 +422,15 @@ def test_a_round_being_planned_shows_its_tasks_not_an_empty_bar(server, results,
         card = page.inner_text("#progress")
         assert "planning the answers (distributions)" in card and "1,000,000 agents" in card
         assert "ETA" in card and page.locator("#agents-done").count() == 0
+        bar = page.locator("#progress .bar > div")
+        assert bar.evaluate("e => e.style.width") == "29.4%"  # a run.json of before: tasks
+        # The bar is the share of the work done: the big walk chunks that are left weigh
+        # more than the small trees that ended first.
+        ledger["progress"]["planning"]["work_done"] = 0.1234
+        (results / "planning-run" / "run.json").write_text(json.dumps(ledger))
+        page.wait_for_selector("#plan-work")  # the page polls run.json
+        assert page.inner_text("#plan-work") == " (12 % of the work)"
+        assert bar.evaluate("e => e.style.width") == "12.3%"
         shot(page, "run-planning")
     finally:
         shutil.rmtree(results / "planning-run")

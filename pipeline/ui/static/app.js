@@ -263,13 +263,17 @@ function progressCard(run) {
     return card;
   }
   // The round's plan, before any agent plays: its stage's tasks (hours at a million agents).
+  // The bar is the share of the stage's work done (tasks weighed by size: a chunk of 256
+  // walked prompts is not the wait of a small tree); a run.json without it counts tasks.
   const plan = p.planning;
   if (plan) {
+    const work = plan.work_done != null ? plan.work_done : plan.tasks_total ? plan.tasks_done / plan.tasks_total : 0;
     const fill = h("div", {});
-    fill.style.width = `${(plan.tasks_total ? (plan.tasks_done / plan.tasks_total) * 100 : 0).toFixed(1)}%`;
+    fill.style.width = `${(work * 100).toFixed(1)}%`;
     card.append(
       h("p", {}, `Round ${p.round} of ${run.rounds_total}: planning the answers (${plan.stage}): `,
         h("strong", { id: "plan-tasks" }, `${fmt.int(plan.tasks_done)}/${fmt.int(plan.tasks_total)}`), " tasks",
+        plan.work_done != null ? h("span", { id: "plan-work" }, ` (${Math.floor(plan.work_done * 100)} % of the work)`) : "",
         p.agents_total ? `, then ${fmt.int(p.agents_total)} agents` : "",
         `, ${fmt.secs(p.elapsed_s)}`, plan.eta_s != null ? `, ETA ${fmt.secs(plan.eta_s)}` : ""),
       h("div", { className: "bar" }, fill));
