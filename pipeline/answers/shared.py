@@ -75,8 +75,11 @@ FIRST_WALK_PROBES = 3
 
 
 def full_tree_pays(agents_on_prompt: int) -> bool:
-    """Whether a prompt with this many agents is answered from a canonical full tree (the
-    round plan's, or the process's cache) instead of a lazy walk in a partition's chain.
+    """Whether a prompt with this many agents of a partition is answered from a canonical
+    full tree (the process's cache, which the worker's other partitions reuse) instead of
+    a lazy walk in the partition's chain: where rounds are not planned (a population mixed
+    by model). A planned round walks every prompt once for the whole round
+    (``simpipe.answers.round_plan.layout``).
 
     A canonical tree costs a fresh evaluation plus every node (FRESH_PROMPT_S +
     FULL_TREE_PROBES * PROBE_S, ~0.5 s) once, and is then free for every agent that has the
@@ -118,10 +121,11 @@ def prune_below(agents_on_prompt: int) -> float:
 
 def worth_a_distribution(n_agents: int, min_agents: int, lazy_walks: bool = False) -> bool:
     """Whether a prompt held by ``n_agents`` agents gets a full shared distribution: the one
-    rule, applied to a round's count where the round is planned (``simpipe.answers.round_plan``)
-    and to a partition's otherwise. ``lazy_walks``: the back-end can walk a prompt's tree
-    lazily (the embedded engine), so the measured cost decides (``full_tree_pays``); else a
-    prompt with fewer than ``min_agents`` agents gets one call per agent."""
+    rule, applied to a round's count where the round is planned without prices
+    (``simpipe.answers.round_plan``) and to a partition's otherwise. ``lazy_walks``: the
+    back-end can walk a prompt's tree lazily (the embedded engine, in a partition's chain),
+    so the measured cost decides (``full_tree_pays``); else a prompt with fewer than
+    ``min_agents`` agents gets one call per agent."""
     if lazy_walks:
         return full_tree_pays(n_agents)
     return n_agents >= min_agents

@@ -85,7 +85,7 @@ def plan_chunk(settings: AgentsConfig, game: Game, hashes: np.ndarray, agents: n
 def plan_walk_chunk(settings: AgentsConfig, game: Game, seed: int, round_index: int,
                     hashes: np.ndarray, texts_by_part: list[dict[int, str]],
                     walkers_by_part: list[dict[int, np.ndarray]]) -> PlannedChunk:
-    """Stage 2 for prompts too rare for a full tree (a worker task): each prompt's agents of
+    """Stage 2 on the embedded engine (a worker task): each prompt's agents of
     the whole round (all partitions, by id) walked lazily through its tree once, with the
     uniforms their partitions would draw (``agent_seeds`` of the run's seed and round), so
     a partition takes their answers instead of evaluating the prompt again. The chunk's

@@ -420,12 +420,13 @@ def _answers_plan(config: Config, agents: AgentsConfig, value: str | None) -> st
                               backend_supports_distributions(agents), prompt_style(agents))
     if refusal is None:
         if plans_rounds(config):
-            rest = ("the other prompts' agents are walked through their trees once, all "
-                    "together" if backend_walks_lazily(agents) else
-                    "the other prompts get n samples or a call per agent, as priced")
+            how = ("each prompt's agents are walked through its answer tree once, all "
+                   "together, probing only the nodes their draws reach"
+                   if backend_walks_lazily(agents) else
+                   "a distribution many agents share is computed once, on one worker; the "
+                   "other prompts get n samples or a call per agent, as priced")
             return (f"{who}: each round's distinct prompts are planned once for the whole "
-                    "population; a distribution many agents share is computed once, on one "
-                    f"worker; {rest}; agents draw with their own seeds")
+                    f"population; {how}; agents draw with their own seeds")
         return (f"{who}: each distinct prompt's answer distribution is computed once per "
                 "worker; agents draw from it with their own seeds")
     return f"{who}: one model call per agent ({refusal})"

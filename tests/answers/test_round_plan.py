@@ -100,18 +100,19 @@ def test_a_resumed_round_plans_only_prompts_of_partitions_still_to_play():
     assert {k: v.tolist() for k, v in plan.owned.items()} == {1: [3]}
 
 
-def test_the_embedded_engine_walks_the_rarer_prompts_once_for_the_whole_round():
-    # Prompt 7: 5 agents over two partitions, too few for a full tree (full_tree_pays), but
-    # walked once by the plan, not once in each partition; prompt 5 (32 agents) gets a
-    # tree; prompt 8 is held only by a partition already on disk: nothing to plan.
+def test_the_embedded_engine_walks_every_prompt_once_for_the_whole_round():
+    # Prompt 7: 5 agents over two partitions, walked once by the plan, not once in each
+    # partition; prompt 5 (32 agents) is walked too: its agents probe only the nodes their
+    # draws reach, never more than its full tree; prompt 8 is held only by a partition
+    # already on disk: nothing to plan.
     tallies = [tally(0, {7: 2, 5: 30}), tally(1, {7: 3, 9: 1, 5: 2}),
                tally(2, {8: 1}, played=False)]
     plan = layout(tallies, min_agents=2, lazy_walks=True)
-    assert [c.tolist() for c in plan.chunks] == [[5]]
-    assert [c.tolist() for c in plan.walk_chunks] == [[7], [9]]  # two tasks at least
+    assert plan.chunks == []
+    assert [c.tolist() for c in plan.walk_chunks] == [[5, 7], [9]]  # two tasks at least
     assert plan.planned == 3
-    assert plan.methods["walk"] == {"prompts": 3, "agents": 7}
-    assert plan.methods["tree"] == {"prompts": 1, "agents": 32}
+    assert plan.methods["walk"] == {"prompts": 4, "agents": 39}
+    assert plan.methods["tree"] == {"prompts": 0, "agents": 0}
     assert {k: v.tolist() for k, v in plan.owned.items()} == {0: [5, 7], 1: [9]}
     # Without the embedded engine's lazy walks, rare prompts are the partitions' business.
     assert layout(tallies, min_agents=2).walk_chunks == []
@@ -230,7 +231,9 @@ def test_a_planned_walk_hands_each_partition_its_agents_answers_and_charges_one(
 
 def test_a_plans_tasks_are_weighed_by_method_and_size_in_submission_order():
     tallies = [tally(0, {1: 20, 2: 20, 3: 1, 4: 1, 5: 1})]
-    plan = layout(tallies, min_agents=2, lazy_walks=True)
-    assert [c.size for c in plan.chunks] == [1, 1] and [c.size for c in plan.walk_chunks] == [2, 1]
-    assert plan.chunk_work() == pytest.approx([TREE_PROMPT_S, TREE_PROMPT_S,
-                                               2 * WALK_PROMPT_S, WALK_PROMPT_S])
+    trees = layout(tallies, min_agents=2)  # a back-end without lazy walks: trees
+    assert [c.size for c in trees.chunks] == [1, 1] and trees.walk_chunks == []
+    assert trees.chunk_work() == pytest.approx([TREE_PROMPT_S, TREE_PROMPT_S])
+    walks = layout(tallies, min_agents=2, lazy_walks=True)
+    assert walks.chunks == [] and [c.size for c in walks.walk_chunks] == [3, 2]
+    assert walks.chunk_work() == pytest.approx([3 * WALK_PROMPT_S, 2 * WALK_PROMPT_S])
