@@ -10,7 +10,7 @@ from test_answer_distribution import VOCAB, _probe
 
 from simpipe.answers.distribution import LazyTree, answer_distribution
 from simpipe.answers.shared import full_tree_pays, step_uniforms
-from simpipe.answers.tree import TreeShape
+from simpipe.answers.tree import TOGETHER_FROM, TreeShape, draw_answer
 from simpipe.games.answer_format import IntegerAnswers
 from simpipe.inference.types import ChainSettings
 
@@ -30,6 +30,34 @@ def test_lazy_and_full_trees_give_the_same_answers_with_the_same_uniforms() -> N
         u = step_uniforms(np.arange(3000), MAX_TOKENS)
         walked = lazy.walk(u)
         assert full.walk(u) == walked
+
+
+def test_agents_walked_together_answer_and_probe_as_walked_one_by_one() -> None:
+    # Many agents move through a tree together (a million in seconds); a lazy tree must
+    # still be probed at the same prefixes, in the same order, with the same reach (the
+    # bits of a chain's probe depend on what it evaluated before), and every agent must
+    # get the answer its own walk gives.
+    for seed, settings, agents in ((3, ChainSettings(1.0), 3000),
+                                   (5, ChainSettings(0.7, top_p=0.9), 500),
+                                   (8, ChainSettings(1.5, top_k=5), TOGETHER_FROM)):
+        u = step_uniforms(np.arange(agents) * 7 + seed, MAX_TOKENS)
+        together_calls: list = []
+        together = _lazy(seed, together_calls, settings)
+        alone_calls: list = []
+        alone = _lazy(seed, alone_calls, settings)
+        one_by_one = [draw_answer(alone.node, alone.shape, row) for row in u]
+        assert together.walk(u) == one_by_one
+        assert together_calls == alone_calls and len(alone_calls) > 3
+        assert together.unseen_mass == alone.unseen_mass
+        assert together.nodes.keys() == alone.nodes.keys()
+    # A full tree's pruned prefixes give no answer (None), together as one by one.
+    full = answer_distribution(_probe(4, []), LANGUAGE, VOCAB, SETTINGS, MAX_TOKENS,
+                               prune_below=0.02)
+    u = step_uniforms(np.arange(4000), MAX_TOKENS)
+    walked = full.walk(u)
+    assert walked == [draw_answer(lambda p, t, r: full.nodes.get(p), full.shape, row)
+                      for row in u]
+    assert 0 < walked.count(None) < len(walked)
 
 
 def test_one_agent_costs_a_few_probes_and_many_converge_on_the_full_tree() -> None:
