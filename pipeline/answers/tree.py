@@ -116,10 +116,10 @@ def draw_answers(node: NodeSource, shape: TreeShape, uniforms: np.ndarray) -> li
     waiting = np.arange(len(uniforms))
     while waiting.size:
         ended = table.move_known(uniforms, waiting)
-        for row, end in zip(waiting.tolist(), ended.tolist(), strict=True):
-            if end != _WAITS:
-                out[row] = table.answer(end)
-        waiting = waiting[ended == _WAITS]
+        done = ended != _WAITS  # each row is told its answer once, in the pass it ends
+        for row, end in zip(waiting[done].tolist(), ended[done].tolist(), strict=True):
+            out[row] = table.answer(end)
+        waiting = waiting[~done]
         if waiting.size:  # the first row that needs a prefix not asked yet, as one by one
             out[int(waiting[0])] = draw_answer(table.ask, shape, uniforms[waiting[0]])
             waiting = waiting[1:]

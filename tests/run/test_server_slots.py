@@ -12,7 +12,7 @@ from simpipe.run.executor import Executor
 from simpipe.run.server_slots import connections_that_fit, oversubscribed_slots
 from simpipe.servers.llamacpp_server import DEFAULT_PARALLEL, slots_of
 
-from support import simpipe_cli, small_config
+from support import SCRIPTED, simpipe_cli, small_config
 
 
 def _on_slurm(tmp_path: Path, servers: dict, cluster: dict | None = None,
@@ -95,26 +95,17 @@ def test_a_run_says_it_before_anything_starts(tmp_path: Path) -> None:
         "warning: " + oversubscribed_slots(_served(tmp_path, cluster={"jobs": 2}))]
 
 
-def test_validate_says_it(tmp_path: Path) -> None:
-    cfg = tmp_path / "llm.toml"
-    cfg.write_text(f"""
-[run]
-name = "llm"
-output_dir = "{tmp_path / 'results'}"
-[agents]
-backend = "openai"
-[cluster]
-kind = "slurm"
-jobs = 2
-interface = "lo"
-[cluster.servers]
-kind = "llamacpp"
-extra_args = "--parallel 8"
-""")
-    proc = simpipe_cli("validate", str(cfg))
+def test_validate_says_it() -> None:
+    # The scripted example, its agents answered by two single-process worker jobs through
+    # llama.cpp servers of 8 slots: 2 x 64 connections to each.
+    served = ("--set", "agents.backend=openai", "--set",
+              'cluster={kind="slurm", jobs=2, interface="lo", '
+              'servers={kind="llamacpp", extra_args="--parallel 8"}}')
+    proc = simpipe_cli("validate", str(SCRIPTED), *served)
     assert proc.returncode == 0, proc.stderr
     warnings = [line for line in proc.stdout.splitlines() if line.startswith("warning: ")]
     assert len(warnings) == 1 and "128 connections" in warnings[0]
     assert warnings[0].endswith("set agents.openai.max_concurrency = 4")
-    fixed = simpipe_cli("validate", str(cfg), "--set", "agents.openai.max_concurrency=4")
+    fixed = simpipe_cli("validate", str(SCRIPTED), *served,
+                        "--set", "agents.openai.max_concurrency=4")
     assert fixed.returncode == 0 and "warning: " not in fixed.stdout
