@@ -17,11 +17,17 @@ sequence per prompt and one key/value pool for all (``kv_unified``):
    in a thread of its own whose probes wait until every other prompt of the group still
    working has asked its next probe or finished; then one decode answers them all, one
    output row per sequence, and the threads go on. The next step depends only on the
-   answers, so which probes share a decode is a function of the prompts and the work alone.
+   answers, so which probes share a decode is a function of the prompts and the work alone;
+3. up to ``IN_FLIGHT`` groups in the pool at once (``_Pipeline``): each decode holds the
+   next group's trie (when a slot and the cells it may need are free) together with every
+   live group's pending probes. A probe alone is a decode of a few tokens that reads every
+   weight of the model for them (6-7 ms a token on one core, where a token of a decode of
+   a hundred costs 3.8: docs/benchmarks.md, "Probes ride in the next group's decode").
+   Which group enters at which decode follows from the prompts and the answers alone.
 
 What is in each decode (which prompts, in which order, on which sequence ids, which
-tokens) is therefore fixed by the list of prompts and the group size, never by timing, the
-worker, the threads or what ran before (every list starts from an empty pool): the same
+tokens) is therefore fixed by the list of prompts, the group size and ``IN_FLIGHT``, never by
+timing, the worker, the threads or what ran before (every list starts from an empty pool): the same
 list gives the same bits on every run. They are not the serial chain's bits: llama.cpp's
 matrix products group rows differently in a larger batch (measured in docs/measurements.md,
 "Batched exact probes"); a list of one prompt gives the chain's bits.
@@ -55,6 +61,9 @@ logger = logging.getLogger(__name__)
 #: Prompts evaluated together: one sequence each. A function of nothing but this constant
 #: and the caller's list, so that the batches are the same on every run and cluster.
 GROUP = 8
+#: Groups in the pool at once (``_Pipeline``): while the works of one wait for their next
+#: probes, the next group's prompts are decoded with them.
+IN_FLIGHT = 4
 #: Key/value cells kept free per sequence for its probes' answer prefixes (an answer is a
 #: few tokens; a prompt longer than the context less this is refused, as in the chain).
 PATH_ROOM = 32
@@ -85,10 +94,12 @@ class BatchEngine:
     talk to it)."""
 
     def __init__(self, engine: HiddenStateEngine, n_seq: int, n_ctx: int,
-                 threads: int) -> None:
+                 threads: int, in_flight: int = IN_FLIGHT) -> None:
         self.api = api = engine.api
         self.engine = engine  # owns the model, which must outlive this context
         self.n_seq = n_seq
+        self.in_flight = in_flight
+        self.carry = n_seq * in_flight  # the sequence a group leaves its successor's prefix on
         self.n_ctx = n_ctx
         self.n_embd = engine.n_embd
         self._ctx = None
@@ -98,10 +109,10 @@ class BatchEngine:
         params = api.llama_context_default_params()
         params.n_ctx = n_ctx
         params.n_batch = params.n_ubatch = N_BATCH
-        params.n_seq_max = n_seq + 1  # and the carry sequence (``_Group.hand_over``)
+        params.n_seq_max = self.carry + 1
         # One row per sequence and decode at most (llama.cpp asserts, killing the process,
         # unless this covers n_seq_max rows).
-        params.n_outputs_max = n_seq + 1
+        params.n_outputs_max = self.carry + 1
         params.n_threads = params.n_threads_batch = threads
         params.swa_full = True  # so that a sequence can be cut back to any prefix
         # One pool: a token several prompts share is one cell, and one ubatch may hold
@@ -172,30 +183,24 @@ class BatchEngine:
             on_result: Callable[[int, Any], None] | None = None,
             refused: Sequence[str | None] | None = None) -> list[Any]:
         """``work(i, probe)`` for each prompt (token ids), the prompts in groups of
-        ``n_seq`` in list order (``groups``), each group evaluated together (``_Group``);
-        the works' results in order, each told to ``on_result(i, result)`` as its work
-        ends. A group keeps what its last prompt shares with the next group's first
-        (``_Group.hand_over``), so that, as in the chain, a prompt costs what it does not
-        share with its predecessor. ``refused[i]``: why prompt ``i`` has no probes (each
-        raises ProbeError with it). A work's exception is raised once every group has
-        finished (the first in order); anything else that fails raises ``BatchFailed``
-        with the results told so far."""
+        ``n_seq`` in list order (``groups``), up to ``in_flight`` groups in the pool at once
+        (``_Pipeline``); the works' results in order, each told to ``on_result(i, result)``
+        as its work ends. A group keeps what its last prompt shares with the next group's
+        first, so that, as in the chain, a prompt costs what it does not share with its
+        predecessor. ``refused[i]``: why prompt ``i`` has no probes (each raises ProbeError
+        with it). A work's exception is raised once every group has finished (the first in
+        order); anything else that fails raises ``BatchFailed`` with the results told so
+        far."""
         results: dict[int, Any] = {}
-        errors: list[BaseException] = []
-        self.reset()
-        carry: tuple[int, ...] = ()
-        try:
-            cuts = self.groups(prompts)
-            for n, (lo, hi) in enumerate(cuts):
-                def told(i: int, result: Any, lo: int = lo) -> None:
-                    results[lo + i] = result
-                    if on_result is not None:
-                        on_result(lo + i, result)
 
-                group = _Group(self, prompts[lo:hi], _shifted(work, lo), logits_of, on_probe,
-                               carry, None if refused is None else refused[lo:hi], told)
-                errors.extend(e for e in group.run() if e is not None)
-                carry = group.hand_over(tuple(prompts[hi])) if n + 1 < len(cuts) else ()
+        def told(i: int, result: Any) -> None:
+            results[i] = result
+            if on_result is not None:
+                on_result(i, result)
+
+        self.reset()
+        try:
+            errors = _Pipeline(self, prompts, work, logits_of, on_probe, refused, told).run()
         except Exception as exc:  # the caller goes on without batches
             raise BatchFailed(results, exc) from exc
         finally:
@@ -211,10 +216,7 @@ class BatchEngine:
         cuts: list[tuple[int, int]] = []
 
         def fit(lo: int, hi: int) -> None:
-            part = prompts[lo:hi]
-            need = (_trie_size(part) + PATH_ROOM * len(part)
-                    + max((len(p) for p in part), default=0))
-            if need > self.n_ctx and hi - lo > 1:
+            if _cells(prompts[lo:hi]) > self.n_ctx and hi - lo > 1:
                 mid = (lo + hi + 1) // 2
                 fit(lo, mid)
                 fit(mid, hi)
@@ -228,6 +230,10 @@ class BatchEngine:
     def copy(self, src: int, dst: int, stop: int) -> None:
         """Sequence ``dst`` shares ``src``'s cells of positions before ``stop``."""
         self.api.llama_memory_seq_cp(self._memory, src, dst, 0, stop)
+
+    def drop(self, seq: int) -> None:
+        """Sequence ``seq`` holds nothing (its cells stay where another sequence holds them)."""
+        self.api.llama_memory_seq_rm(self._memory, seq, -1, -1)
 
     def close(self) -> None:
         if self._batch is not None:
@@ -260,22 +266,134 @@ def _trie_size(prompts: Sequence[Sequence[int]]) -> int:
     return len(seen)
 
 
-class _Group:
-    """One group's prompts evaluated together: the trie decode, then each prompt's work in
-    a thread of its own, its probes answered in lockstep decodes. Prompt ``i`` is sequence
-    ``i``; ``carry``: the tokens the carry sequence (``engine.n_seq``) holds, left by the
-    previous group."""
+def _cells(prompts: Sequence[Sequence[int]]) -> int:
+    """The key/value cells a group of ``prompts`` may hold at most: its trie, each prompt's
+    probe room, and a prefix carried for the next group."""
+    return (_trie_size(prompts) + PATH_ROOM * len(prompts)
+            + max((len(p) for p in prompts), default=0))
+
+
+class _Pipeline:
+    """One ``BatchEngine.run``: its groups through the pool, up to ``engine.in_flight`` at
+    once. Each decode holds the next group's prompts (when a slot and the cells it may need
+    are free) and every live group's pending probes, so a probe rides in a decode of a
+    hundred or more tokens instead of one of a few (a one-token decode per sequence pays
+    for reading every weight; docs/benchmarks.md). Which group is admitted at which decode,
+    and so what each decode holds, follows from the prompts and the works' answers alone,
+    never from timing: the same list gives the same bits on every run."""
 
     def __init__(self, engine: BatchEngine, prompts: Sequence[Sequence[int]],
                  work: Callable[[int, Probe], Any], logits_of: AnswerLogits,
                  on_probe: Callable[[int, float], None] | None,
-                 carry: tuple[int, ...] = (),
-                 refused: Sequence[str | None] | None = None,
-                 told: Callable[[int, Any], None] | None = None) -> None:
+                 refused: Sequence[str | None] | None,
+                 told: Callable[[int, Any], None]) -> None:
+        self.engine, self.prompts, self.work = engine, prompts, work
+        self.logits_of, self.on_probe, self.refused, self.told = logits_of, on_probe, refused, told
+        self.cuts = engine.groups(prompts)
+        self.live: list[_Group] = []  # in the order admitted
+        self.admitted = 0
+        self.carry: tuple[int, ...] = ()  # the tokens the carry sequence holds
+        self.errors: dict[int, BaseException] = {}
+
+    def run(self) -> list[BaseException]:
+        """Every group evaluated; the works' exceptions in prompt order."""
+        try:
+            while self.live or self.admitted < len(self.cuts):
+                for group in self.live:
+                    group.settle()
+                self._retire()
+                new = self._admit()
+                parts = [(g, g.step_entries()) for g in self.live if g is not new]
+                if new is not None:
+                    parts.insert(0, (new, new.entries))
+                entries = [e for _, part in parts for e in part]
+                outputs = sum(e.output for e in entries)
+                rows: list[np.ndarray] | ProbeError = []
+                start = time.perf_counter()
+                if entries:
+                    try:
+                        rows = self.engine.decode(entries)
+                    except ProbeError as exc:  # the pool was emptied
+                        rows = exc
+                        for group in self.live:
+                            group.emptied()
+                        self.carry = ()
+                each = (time.perf_counter() - start) / max(1, outputs)
+                at = 0
+                for group, part in parts:
+                    n = sum(e.output for e in part)
+                    got = rows if isinstance(rows, ProbeError) else rows[at:at + n]
+                    at += n
+                    if group is new:
+                        group.prefilled(got, each)
+                    else:
+                        group.stepped(got, each)
+        finally:
+            for group in self.live:
+                group.abandon()
+        return [self.errors[i] for i in sorted(self.errors)]
+
+    def _retire(self) -> None:
+        """Groups whose works have all ended leave the pool; the newest, while groups remain,
+        first leaves what its last prompt shares with the next group's first on the carry
+        sequence."""
+        for group in [g for g in self.live if g.over]:
+            newest = group is self.live[-1]
+            self.live.remove(group)
+            self.errors.update(group.errors())
+            if newest and self.admitted < len(self.cuts):
+                following = self.prompts[self.cuts[self.admitted][0]]
+                self.carry = group.hand_over(tuple(following))
+            else:
+                group.clear()
+
+    def _admit(self) -> _Group | None:
+        """The next group, its prompts' trie ready to decode, where a slot and the cells it
+        may need are free (a group always enters an empty pool: ``groups`` fits it)."""
+        engine = self.engine
+        if self.admitted >= len(self.cuts) or len(self.live) >= engine.in_flight:
+            return None
+        lo, hi = self.cuts[self.admitted]
+        part = self.prompts[lo:hi]
+        used = sum(g.cells for g in self.live) + len(self.carry)
+        if self.live and used + _cells(part) > engine.n_ctx:
+            return None
+        taken = {g.base for g in self.live}
+        base = next(b for b in range(0, engine.in_flight * engine.n_seq, engine.n_seq)
+                    if b not in taken)
+        group = _Group(engine, base, part, _shifted(self.work, lo), self.logits_of,
+                       self.on_probe, None if self.refused is None else self.refused[lo:hi],
+                       _shifted(self.told, lo), lo)
+        # What the first prompts share with the group before: from its last sequence while
+        # it is in the pool, else from what it left on the carry sequence.
+        before = self.live[-1] if self.live else None
+        if before is not None and before.first + len(before.prompts) == lo:
+            group.prefill(before.seq(len(before.prompts) - 1), before.held[-1])
+        else:
+            group.prefill(engine.carry, self.carry)
+        engine.drop(engine.carry)
+        self.carry = ()
+        self.live.append(group)
+        self.admitted += 1
+        return group
+
+
+class _Group:
+    """One group's prompts in the pool: their trie, then each prompt's work in a thread of
+    its own whose probes wait until every other work of the group still running has asked
+    its next probe or ended (``settle``); the probes that need a decode are then evaluated
+    together (``step_entries``, in the pipeline's next decode) and answered (``stepped``).
+    Prompt ``i`` is sequence ``base + i``."""
+
+    def __init__(self, engine: BatchEngine, base: int, prompts: Sequence[Sequence[int]],
+                 work: Callable[[int, Probe], Any], logits_of: AnswerLogits,
+                 on_probe: Callable[[int, float], None] | None,
+                 refused: Sequence[str | None] | None,
+                 told: Callable[[int, Any], None], first: int) -> None:
         self.engine, self.work, self.logits_of, self.on_probe = engine, work, logits_of, on_probe
+        self.base, self.first, self.told = base, first, told
         self.prompts = [tuple(p) for p in prompts]
-        self.carry = carry
-        self.told = told
+        self.cells = _cells(self.prompts)
         k = len(self.prompts)
         self.held: list[tuple[int, ...]] = [()] * k  # the tokens each sequence holds
         # the tokens of each sequence's last decoded state, and that state
@@ -289,70 +407,166 @@ class _Group:
         self.asked: list[tuple[int, ...] | None] = [None] * k
         self.answer: list[Any] = [None] * k
         self.done = [False] * k
+        self.ended = [False] * k
         self.abandoned = False
         self.outcomes: list[tuple[Any, BaseException | None]] = [(None, None)] * k
+        self.threads: list[threading.Thread] = []
+        self.entries: list[_Entry] = []  # the next decode's tokens for this group
+        self.ends: list[tuple[int, int]] = []  # (prefill entry, prompt)
+        self.waiting: dict[int, tuple[int, ...]] = {}  # probes that need a decode
+        self.order: list[int] = []  # the prompts whose probes are in ``entries``
+        self.answers: dict[int, Any] = {}  # probes answered with the next decode
 
-    def run(self) -> list[BaseException | None]:
-        """Evaluate the group; each work's result is told (``told(i, result)``, on this
-        thread, in index order among those that end at the same step) as it ends. The
-        works' exceptions, in order (None for each that returned); anything else that fails
-        is raised once every work has ended (their probes then raise ProbeError and nothing
-        more is told)."""
-        failure: BaseException | None = None
-        try:
-            self._prefill()
-        except ProbeError as exc:
-            self._emptied()
-            self.refused = [r or str(exc) for r in self.refused]
-        except Exception as exc:  # noqa: BLE001 -- raised below, once the works have ended
-            failure = exc
-        threads = [threading.Thread(target=self._thread, args=(i,), daemon=True,
-                                    name=f"batch-probe-{i}") for i in range(len(self.prompts))]
-        for t in threads:
+    def seq(self, i: int) -> int:
+        return self.base + i
+
+    @property
+    def over(self) -> bool:
+        """Every work has ended and been told (after ``settle``)."""
+        return all(self.ended)
+
+    def errors(self) -> dict[int, BaseException]:
+        """The works' exceptions, by index in the run's list."""
+        return {self.first + i: error for i, (_, error) in enumerate(self.outcomes)
+                if error is not None}
+
+    def prefill(self, source: int, source_holds: tuple[int, ...]) -> None:
+        """The prompts' trie as the next decode's entries: a token that several prompts
+        share once, with every sequence that holds it; what a prompt shares with
+        ``source_holds`` (the tokens sequence ``source`` holds) copied from it instead; each
+        prompt's last token an output. A prompt too long for the pool is refused (its
+        probes raise ProbeError)."""
+        engine = self.engine
+        room = engine.n_ctx - PATH_ROOM
+        entries: list[_Entry] = []
+        # (parent, token) -> entry; a parent is an entry's index, or ("source", depth)
+        children: dict[tuple[object, int], int] = {}
+        for i, tokens in enumerate(self.prompts):
+            if self.refused[i] is not None:
+                continue
+            if not tokens:
+                self.refused[i] = "an empty prompt has no next token"
+                continue
+            if len(tokens) > room:
+                self.refused[i] = (f"a prompt of {len(tokens)} tokens does not fit the "
+                                   f"context of {engine.n_ctx} (agents.llamacpp.n_ctx)")
+                continue
+            shared = min(_common(source_holds, tokens), len(tokens) - 1)
+            if shared:
+                engine.copy(source, self.seq(i), shared)
+            self.held[i] = tokens[:shared]
+            parent: object = ("source", shared)
+            for pos in range(shared, len(tokens)):
+                at = children.get((parent, tokens[pos]))
+                if at is None:
+                    at = children[(parent, tokens[pos])] = len(entries)
+                    entries.append(_Entry(tokens[pos], pos, [self.seq(i)]))
+                    self.owed[i] += 1
+                else:
+                    entries[at].seqs.append(self.seq(i))
+                parent = at
+            entries[parent].output = True  # type: ignore[index]
+            self.ends.append((parent, i))  # type: ignore[arg-type]
+        self.entries = entries
+
+    def prefilled(self, rows: Sequence[np.ndarray] | ProbeError, seconds_each: float) -> None:
+        """The trie's decode is done (``rows``: its outputs' hidden states, or why it
+        failed): start the works."""
+        if isinstance(rows, ProbeError):
+            self.emptied()
+            self.refused = [r or str(rows) for r in self.refused]
+        elif self.entries:
+            outputs = (k for k, e in enumerate(self.entries) if e.output)
+            row_of = dict(zip(outputs, rows, strict=True))
+            for at, i in self.ends:
+                self.held[i] = self.prompts[i]
+                self.known[i] = (self.prompts[i], row_of[at])
+                self.spent[i] += seconds_each
+        self.entries = []
+        self.threads = [threading.Thread(target=self._thread, args=(i,), daemon=True,
+                                         name=f"batch-probe-{self.first + i}")
+                        for i in range(len(self.prompts))]
+        for t in self.threads:
             t.start()
-        ended = [False] * len(self.prompts)
-        try:
-            while True:
-                with self.cond:
-                    self.cond.wait_for(lambda: all(
-                        d or a is not None for d, a in zip(self.done, self.asked, strict=True)))
-                    waiting = [i for i, a in enumerate(self.asked) if a is not None]
-                    asked = {i: self.asked[i] for i in waiting}
-                    now = [i for i, d in enumerate(self.done) if d and not ended[i]]
-                for i in now:
-                    ended[i] = True
-                    result, error = self.outcomes[i]
-                    if error is None and failure is None and self.told is not None:
-                        try:
-                            self.told(i, result)
-                        except Exception as exc:  # noqa: BLE001 -- raised once the works end
-                            failure = exc
-                if not waiting:
-                    break
-                if failure is None:
-                    try:
-                        answers = self._step(asked)
-                    except Exception as exc:  # noqa: BLE001 -- raised once the works end
-                        failure = exc
-                if failure is not None:
-                    answers = {i: ProbeError(f"the batch failed ({failure})") for i in waiting}
-                with self.cond:
-                    for i in waiting:
-                        self.asked[i] = None
-                        self.answer[i] = answers[i]
-                    self.cond.notify_all()
-        finally:
-            with self.cond:  # (left early: whatever a work asks now fails at once)
-                self.abandoned = True
-                for i, a in enumerate(self.asked):
-                    if a is not None and self.answer[i] is None:
-                        self.answer[i] = ProbeError("the batch was abandoned")
-                self.cond.notify_all()
-            for t in threads:
-                t.join()
-        if failure is not None:
-            raise failure
-        return [error for _, error in self.outcomes]
+
+    def settle(self) -> None:
+        """Wait until every work has asked its next probe or ended; tell the works that
+        ended (in index order) and answer at once the probes that need no decode (a state
+        already held, a refused prompt), until every probe left waiting needs one."""
+        while True:
+            with self.cond:
+                self.cond.wait_for(lambda: all(
+                    d or a is not None for d, a in zip(self.done, self.asked, strict=True)))
+                asked = {i: a for i, a in enumerate(self.asked) if a is not None}
+                now = [i for i, d in enumerate(self.done) if d and not self.ended[i]]
+            for i in now:
+                self.ended[i] = True
+                result, error = self.outcomes[i]
+                if error is None:
+                    self.told(i, result)
+            quick: dict[int, Any] = {}
+            for i, tokens in asked.items():
+                if self.refused[i] is not None:
+                    quick[i] = ProbeError(self.refused[i])
+                elif (known := self.known[i]) is not None and known[0] == tokens:
+                    quick[i] = self._answer(i, known[1])
+            if not quick:
+                self.waiting = asked
+                return
+            self._deliver(quick)
+
+    def step_entries(self) -> list[_Entry]:
+        """The waiting probes' tokens for the next decode: each sequence cut back to what it
+        shares with its probe's tokens, then the rest of them, the last an output."""
+        engine = self.engine
+        self.answers, self.order, entries = {}, [], []
+        for i, tokens in sorted(self.waiting.items()):
+            keep = min(_common(self.held[i], tokens), len(tokens) - 1)
+            try:
+                engine.cut(self.seq(i), keep)
+            except ProbeError as exc:
+                self.answers[i] = exc
+                continue
+            self.held[i] = tokens[:keep]
+            entries.extend(_Entry(tokens[p], p, [self.seq(i)], p == len(tokens) - 1)
+                           for p in range(keep, len(tokens)))
+            self.owed[i] += len(tokens) - keep
+            self.order.append(i)
+        return entries
+
+    def stepped(self, rows: Sequence[np.ndarray] | ProbeError, seconds_each: float) -> None:
+        """The decode of ``step_entries`` is done: answer the waiting probes."""
+        for i in self.order:
+            if isinstance(rows, ProbeError):
+                self.answers[i] = rows
+        if not isinstance(rows, ProbeError):
+            for i, row in zip(self.order, rows, strict=True):
+                self.held[i] = self.waiting[i]
+                self.known[i] = (self.waiting[i], row)
+                self.spent[i] += seconds_each
+                self.answers[i] = row
+        answers = {i: self._answer(i, got) for i, got in self.answers.items()}
+        self.waiting, self.order, self.answers = {}, [], {}
+        self._deliver(answers)
+
+    def _deliver(self, answers: dict[int, Any]) -> None:
+        with self.cond:
+            for i, got in answers.items():
+                self.asked[i] = None
+                self.answer[i] = got
+            self.cond.notify_all()
+
+    def abandon(self) -> None:
+        """Left early (the run failed): whatever a work asks now fails at once; the works
+        are joined."""
+        with self.cond:
+            self.abandoned = True
+            for i, a in enumerate(self.asked):
+                if a is not None and self.answer[i] is None:
+                    self.answer[i] = ProbeError("the batch was abandoned")
+            self.cond.notify_all()
+        for t in self.threads:
+            t.join()
 
     def hand_over(self, following: tuple[int, ...]) -> tuple[int, ...]:
         """Leave in the pool only what the group's last prompt shares with ``following``
@@ -360,13 +574,21 @@ class _Group:
         engine = self.engine
         last = len(self.prompts) - 1
         keep = min(_common(self.held[last], following), max(0, len(following) - 1))
-        carry = engine.n_seq
-        engine.api.llama_memory_seq_rm(engine._memory, carry, -1, -1)
+        engine.drop(engine.carry)
         if keep:
-            engine.copy(last, carry, keep)
-        for i in range(len(self.prompts)):
-            engine.api.llama_memory_seq_rm(engine._memory, i, -1, -1)
+            engine.copy(self.seq(last), engine.carry, keep)
+        self.clear()
         return following[:keep]
+
+    def clear(self) -> None:
+        """The group's sequences hold nothing."""
+        for i in range(len(self.prompts)):
+            self.engine.drop(self.seq(i))
+
+    def emptied(self) -> None:
+        """The pool was emptied (a failed decode): every sequence starts afresh."""
+        self.held = [()] * len(self.held)
+        self.known = [None] * len(self.known)
 
     def _thread(self, i: int) -> None:
         def probe(path: tuple[int, ...], top_n: int) -> tuple[TopLogprobs, int, int]:
@@ -389,103 +611,6 @@ class _Group:
             with self.cond:
                 self.done[i] = True
                 self.cond.notify_all()
-
-    def _prefill(self) -> None:
-        """The prompts' trie in one decode (several when it exceeds a batch): a token that
-        several prompts share decoded once, with every sequence that holds it; what a
-        prompt shares with the carried prefix copied from it instead; each prompt's last
-        token an output. A prompt too long for the pool is refused (its probes raise
-        ProbeError)."""
-        engine = self.engine
-        room = engine.n_ctx - PATH_ROOM
-        entries: list[_Entry] = []
-        # (parent, token) -> entry; a parent is an entry's index, or ("carry", depth)
-        children: dict[tuple[object, int], int] = {}
-        ends: list[tuple[int, int]] = []  # (entry, prompt)
-        for i, tokens in enumerate(self.prompts):
-            if self.refused[i] is not None:
-                continue
-            if not tokens:
-                self.refused[i] = "an empty prompt has no next token"
-                continue
-            if len(tokens) > room:
-                self.refused[i] = (f"a prompt of {len(tokens)} tokens does not fit the "
-                                   f"context of {engine.n_ctx} (agents.llamacpp.n_ctx)")
-                continue
-            shared = min(_common(self.carry, tokens), len(tokens) - 1)
-            if shared:
-                engine.copy(engine.n_seq, i, shared)
-            self.held[i] = tokens[:shared]
-            parent: object = ("carry", shared)
-            for pos in range(shared, len(tokens)):
-                at = children.get((parent, tokens[pos]))
-                if at is None:
-                    at = children[(parent, tokens[pos])] = len(entries)
-                    entries.append(_Entry(tokens[pos], pos, [i]))
-                    self.owed[i] += 1
-                else:
-                    entries[at].seqs.append(i)
-                parent = at
-            entries[parent].output = True  # type: ignore[index]
-            ends.append((parent, i))  # type: ignore[arg-type]
-        engine.api.llama_memory_seq_rm(engine._memory, engine.n_seq, -1, -1)
-        if not entries:
-            return
-        start = time.perf_counter()
-        rows = engine.decode(entries)
-        seconds = (time.perf_counter() - start) / len(ends)
-        row_of = dict(zip((k for k, e in enumerate(entries) if e.output), rows, strict=True))
-        for at, i in ends:
-            self.held[i] = self.prompts[i]
-            self.known[i] = (self.prompts[i], row_of[at])
-            self.spent[i] += seconds
-
-    def _emptied(self) -> None:
-        """The pool was emptied (a failed decode): every sequence starts afresh."""
-        self.held = [()] * len(self.held)
-        self.known = [None] * len(self.known)
-
-    def _step(self, asked: dict[int, tuple[int, ...]]) -> dict[int, Any]:
-        """One lockstep decode: every asked probe not answered by a state already held."""
-        engine = self.engine
-        answers: dict[int, Any] = {}
-        entries: list[_Entry] = []
-        order: list[int] = []
-        for i, tokens in sorted(asked.items()):
-            if self.refused[i] is not None:
-                answers[i] = ProbeError(self.refused[i])
-                continue
-            known = self.known[i]
-            if known is not None and known[0] == tokens:
-                answers[i] = known[1]
-                continue
-            keep = min(_common(self.held[i], tokens), len(tokens) - 1)
-            try:
-                engine.cut(i, keep)
-            except ProbeError as exc:
-                answers[i] = exc
-                continue
-            self.held[i] = tokens[:keep]
-            entries.extend(_Entry(tokens[p], p, [i], p == len(tokens) - 1)
-                           for p in range(keep, len(tokens)))
-            self.owed[i] += len(tokens) - keep
-            order.append(i)
-        if order:
-            start = time.perf_counter()
-            try:
-                rows = engine.decode(entries)
-            except ProbeError as exc:
-                self._emptied()
-                for i in order:
-                    answers[i] = exc
-                rows = []
-            spent = (time.perf_counter() - start) / len(order)
-            for i, row in zip(order, rows, strict=False):
-                self.held[i] = asked[i]
-                self.known[i] = (asked[i], row)
-                self.spent[i] += spent
-                answers[i] = row
-        return {i: self._answer(i, got) for i, got in answers.items()}
 
     def _answer(self, i: int, got: Any) -> Any:
         if isinstance(got, BaseException):

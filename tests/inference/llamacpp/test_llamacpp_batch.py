@@ -6,6 +6,8 @@ chain, and the round plan's trees and the partitions' lazy walks computed that w
 from __future__ import annotations
 
 import asyncio
+import random
+import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -89,6 +91,103 @@ def test_batched_trees_repeat_bit_for_bit_and_match_the_chain(backend):
     # one before it (a group's trie, the prefix carried between groups), then the probes.
     assert sum(t.tokens_in for t in batched) == sum(t.tokens_in for t in chained) == spent
     assert [t.calls for t in batched] == [t.calls for t in chained]
+
+
+def _walker(backend, prompts, agents=3, stall=None):
+    """Lazy walks of ``agents`` agents per prompt, as a partition's or the plan's; ``stall``:
+    a pause before each probe (another timing of the works' threads)."""
+    vocab = backend.answer_vocab(LANG.alphabet)
+    shape = TreeShape(LANG, vocab, MAX_TOKENS)
+    uniforms = step_uniforms(np.arange(agents * len(prompts)), MAX_TOKENS).reshape(
+        len(prompts), agents, MAX_TOKENS)
+
+    def work(i, probe):
+        def slow(path, top_n):
+            if stall is not None:
+                time.sleep(stall())
+            return probe(path, top_n)
+        return LazyTree(slow, shape, PLAIN).walk(uniforms[i])
+
+    return work, vocab
+
+
+@pytest.fixture
+def engines(backend):
+    """A batched engine with one group in the pool at a time and one with the default
+    pipeline, on the backend's model; the answer logits and the tokenizer."""
+    vocab = backend.answer_vocab(LANG.alphabet)
+    logits_of = backend.exact_answer_logits(vocab, PLAIN)
+    hidden = backend._hidden
+    made = [BatchEngine(hidden, GROUP, 4096, 1, in_flight=1), BatchEngine(hidden, GROUP, 4096, 1)]
+    yield made, logits_of, hidden.tokenize
+    for engine in made:
+        engine.close()
+
+
+def _counting(engine, fail_at=None):
+    """The decodes ``engine`` makes from now on: the sequence ids of each one's entries;
+    the ``fail_at``-th (from 1) fails as a llama.cpp decode does (the pool emptied)."""
+    seen: list[set[int]] = []
+    decode = engine.decode
+
+    def counted(entries):
+        seen.append({s for e in entries for s in e.seqs})
+        if len(seen) == fail_at:
+            engine.reset()
+            raise ProbeError("llama_decode of a batch failed (code 1, 0 of 1 hidden states)")
+        return decode(entries)
+
+    engine.decode = counted
+    return seen
+
+
+@pytest.mark.llm
+def test_later_groups_prompts_share_decodes_with_earlier_groups_probes(backend, engines):
+    """Several groups in the pool: a group's prompts are decoded together with the probes of
+    the groups before it (a probe is then a token of a big decode, not a decode of a few
+    tokens), and the answers are the same on every run whatever the works' timing."""
+    (alone, piped), logits_of, tokenize = engines
+    prompts = [tokenize(p) for p in round3_prompts(3 * GROUP)]
+    work, _ = _walker(backend, prompts)
+    one_by_one = _counting(alone)
+    alone.run(prompts, work, logits_of)
+    together = _counting(piped)
+    first = piped.run(prompts, work, logits_of)
+    groups = [{s // GROUP for s in seqs if s < piped.carry} for seqs in together]
+    assert max(len(g) for g in groups) >= 2
+    assert all(len(g) == 1 for g in ({s // GROUP for s in seqs} for seqs in one_by_one))
+    assert len(together) < len(one_by_one)
+    rng = random.Random(3)
+    stalled, _ = _walker(backend, prompts, stall=lambda: rng.random() * 0.003)
+    assert piped.run(prompts, stalled, logits_of) == first
+    assert piped.run(prompts, work, logits_of) == first
+    assert all(t.strip().isdigit() for answers in first for t in answers)
+
+
+@pytest.mark.llm
+def test_a_failed_decode_costs_the_prompts_in_it_not_the_batch(backend, engines):
+    """A decode that fails (llama.cpp empties the pool) fails the prompts it held (the
+    probes of the groups in the pool, the prompts of the group entering); the groups after
+    it are answered, and the next run is as a clean one."""
+    (_, piped), logits_of, tokenize = engines
+    prompts = [tokenize(p) for p in round3_prompts(4 * GROUP)]
+    walk, _ = _walker(backend, prompts)
+
+    def work(i, probe):
+        try:
+            return walk(i, probe)
+        except ProbeError as exc:
+            return str(exc)
+
+    clean = piped.run(prompts, work, logits_of)
+    _counting(piped, fail_at=2)  # the first group's probes, the second group's prompts
+    got = piped.run(prompts, work, logits_of)
+    failed = [i for i, g in enumerate(got) if isinstance(g, str)]
+    assert failed == list(range(2 * GROUP))
+    assert all("llama_decode of a batch failed" in got[i] for i in failed)
+    assert all(t.strip().isdigit() for i, g in enumerate(got) if i not in failed for t in g)
+    del piped.decode
+    assert piped.run(prompts, work, logits_of) == clean
 
 
 @pytest.mark.llm
