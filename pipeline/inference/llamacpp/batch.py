@@ -334,16 +334,15 @@ class _Pipeline:
         return [self.errors[i] for i in sorted(self.errors)]
 
     def _retire(self) -> None:
-        """Groups whose works have all ended leave the pool; the newest, while groups remain,
-        first leaves what its last prompt shares with the next group's first on the carry
-        sequence."""
+        """Groups whose works have all ended leave the pool; the one just before the next
+        group to enter first leaves what its last prompt shares with that group's first on
+        the carry sequence."""
+        following = self.cuts[self.admitted][0] if self.admitted < len(self.cuts) else -1
         for group in [g for g in self.live if g.over]:
-            newest = group is self.live[-1]
             self.live.remove(group)
             self.errors.update(group.errors())
-            if newest and self.admitted < len(self.cuts):
-                following = self.prompts[self.cuts[self.admitted][0]]
-                self.carry = group.hand_over(tuple(following))
+            if group.first + len(group.prompts) == following:
+                self.carry = group.hand_over(tuple(self.prompts[following]))
             else:
                 group.clear()
 
