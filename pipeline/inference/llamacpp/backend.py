@@ -776,9 +776,10 @@ class LlamaCppBackend(Backend):
         """``work(i, probe)`` for each prompt, its results in order (see ``Backend``).
 
         With exact answer logits (``exact_answer_logits``) the prompts are evaluated in
-        groups of ``batch.GROUP`` in list order, up to ``batch.IN_FLIGHT`` groups' prompts
-        and probes together in fixed batches (``batch``): the same list gives the same bits on
-        every run, which differ from a chain's in the last bits. Otherwise, and for what
+        groups of ``batch.GROUP`` in list order, two or (where walks are long) up to
+        ``batch.IN_FLIGHT`` groups' prompts and probes together in fixed batches
+        (``batch``): the same list gives the same bits on every run, which differ from a
+        chain's in the last bits. Otherwise, and for what
         remains when the batches fail, one ``logprob_chain`` in list order.
         """
         done: dict[int, T] = {}

@@ -18,7 +18,8 @@ sequence per prompt and one key/value pool for all (``kv_unified``):
    working has asked its next probe or finished; then one decode answers them all, one
    output row per sequence, and the threads go on. The next step depends only on the
    answers, so which probes share a decode is a function of the prompts and the work alone;
-3. up to ``IN_FLIGHT`` groups in the pool at once (``_Pipeline``): each decode holds the
+3. ``SHORT_WALK_IN_FLIGHT`` groups in the pool at once, up to ``IN_FLIGHT`` while the
+   oldest has been there for ``LONG_WALK`` decodes (``_Pipeline``): each decode holds the
    next group's trie (when a slot and the cells it may need are free) together with every
    live group's pending probes. A probe alone is a decode of a few tokens that reads every
    weight of the model for them (6-7 ms a token on one core, where a token of a decode of
@@ -26,7 +27,7 @@ sequence per prompt and one key/value pool for all (``kv_unified``):
    Which group enters at which decode follows from the prompts and the answers alone.
 
 What is in each decode (which prompts, in which order, on which sequence ids, which
-tokens) is therefore fixed by the list of prompts, the group size and ``IN_FLIGHT``, never by
+tokens) is therefore fixed by the list of prompts and these constants, never by
 timing, the worker, the threads or what ran before (every list starts from an empty pool): the same
 list gives the same bits on every run. They are not the serial chain's bits: llama.cpp's
 matrix products group rows differently in a larger batch (measured in docs/measurements.md,
@@ -64,6 +65,15 @@ GROUP = 8
 #: Groups in the pool at once (``_Pipeline``): while the works of one wait for their next
 #: probes, the next group's prompts are decoded with them.
 IN_FLIGHT = 4
+#: Groups in the pool at once while its oldest group has been there for fewer than
+#: ``LONG_WALK`` decodes. Every token's attention steps over the cells the other groups hold
+#: (masked for it), so more groups cost every token: where walks are short (a prompt of a
+#: few agents: its root and a probe or two) a third and fourth group made the 1,000 x 5 run
+#: 2.7 % slower, where they are long (hundreds of agents a prompt: a dozen probe steps) their
+#: probes sharing decodes made a million agents' 2 rounds 8 % faster (docs/benchmarks.md,
+#: "More groups only for long walks").
+SHORT_WALK_IN_FLIGHT = 2
+LONG_WALK = 4
 #: Key/value cells kept free per sequence for its probes' answer prefixes (an answer is a
 #: few tokens; a prompt longer than the context less this is refused, as in the chain).
 PATH_ROOM = 32
@@ -209,19 +219,21 @@ class BatchEngine:
             raise errors[0]
         return [results[i] for i in range(len(prompts))]
 
-    def groups(self, prompts: Sequence[Sequence[int]]) -> list[tuple[int, int]]:
-        """(start, stop) of each group: ``n_seq`` prompts in list order, a group halved while
-        its trie, its probes' room and a carried prefix would not fit the pool (a function
-        of the prompts and the context size only)."""
-        cuts: list[tuple[int, int]] = []
+    def groups(self, prompts: Sequence[Sequence[int]]) -> list[tuple[int, int, int]]:
+        """(start, stop, cells) of each group: ``n_seq`` prompts in list order, a group
+        halved while the cells it may hold (``_cells``: its trie, its probes' room and a
+        carried prefix) would not fit the pool (a function of the prompts and the context
+        size only)."""
+        cuts: list[tuple[int, int, int]] = []
 
         def fit(lo: int, hi: int) -> None:
-            if _cells(prompts[lo:hi]) > self.n_ctx and hi - lo > 1:
+            cells = _cells(prompts[lo:hi])
+            if cells > self.n_ctx and hi - lo > 1:
                 mid = (lo + hi + 1) // 2
                 fit(lo, mid)
                 fit(mid, hi)
             else:
-                cuts.append((lo, hi))
+                cuts.append((lo, hi, cells))
 
         for lo in range(0, len(prompts), self.n_seq):
             fit(lo, min(lo + self.n_seq, len(prompts)))
@@ -274,8 +286,9 @@ def _cells(prompts: Sequence[Sequence[int]]) -> int:
 
 
 class _Pipeline:
-    """One ``BatchEngine.run``: its groups through the pool, up to ``engine.in_flight`` at
-    once. Each decode holds the next group's prompts (when a slot and the cells it may need
+    """One ``BatchEngine.run``: its groups through the pool, ``SHORT_WALK_IN_FLIGHT`` at
+    once, up to ``engine.in_flight`` while the oldest has walked ``LONG_WALK`` decodes or
+    more. Each decode holds the next group's prompts (when a slot and the cells it may need
     are free) and every live group's pending probes, so a probe rides in a decode of a
     hundred or more tokens instead of one of a few (a one-token decode per sequence pays
     for reading every weight; docs/benchmarks.md). Which group is admitted at which decode,
@@ -321,6 +334,7 @@ class _Pipeline:
                 each = (time.perf_counter() - start) / max(1, outputs)
                 at = 0
                 for group, part in parts:
+                    group.age += 1
                     n = sum(e.output for e in part)
                     got = rows if isinstance(rows, ProbeError) else rows[at:at + n]
                     at += n
@@ -348,20 +362,24 @@ class _Pipeline:
 
     def _admit(self) -> _Group | None:
         """The next group, its prompts' trie ready to decode, where a slot and the cells it
-        may need are free (a group always enters an empty pool: ``groups`` fits it)."""
+        may need are free (a group always enters an empty pool: ``groups`` fits it) and,
+        past ``SHORT_WALK_IN_FLIGHT`` groups, the oldest has walked long."""
         engine = self.engine
         if self.admitted >= len(self.cuts) or len(self.live) >= engine.in_flight:
             return None
-        lo, hi = self.cuts[self.admitted]
-        part = self.prompts[lo:hi]
+        if (len(self.live) >= min(SHORT_WALK_IN_FLIGHT, engine.in_flight)
+                and self.live[0].age < LONG_WALK):
+            return None
+        lo, hi, cells = self.cuts[self.admitted]
         used = sum(g.cells for g in self.live) + len(self.carry)
-        if self.live and used + _cells(part) > engine.n_ctx:
+        if self.live and used + cells > engine.n_ctx:
             return None
         taken = {g.base for g in self.live}
         base = next(b for b in range(0, engine.in_flight * engine.n_seq, engine.n_seq)
                     if b not in taken)
-        group = _Group(engine, base, part, _shifted(self.work, lo), self.logits_of,
-                       self.on_probe, None if self.refused is None else self.refused[lo:hi],
+        group = _Group(engine, base, self.prompts[lo:hi], cells, _shifted(self.work, lo),
+                       self.logits_of, self.on_probe,
+                       None if self.refused is None else self.refused[lo:hi],
                        _shifted(self.told, lo), lo)
         # What the first prompts share with the group before: from its last sequence while
         # it is in the pool, else from what it left on the carry sequence.
@@ -385,14 +403,15 @@ class _Group:
     Prompt ``i`` is sequence ``base + i``."""
 
     def __init__(self, engine: BatchEngine, base: int, prompts: Sequence[Sequence[int]],
-                 work: Callable[[int, Probe], Any], logits_of: AnswerLogits,
+                 cells: int, work: Callable[[int, Probe], Any], logits_of: AnswerLogits,
                  on_probe: Callable[[int, float], None] | None,
                  refused: Sequence[str | None] | None,
                  told: Callable[[int, Any], None], first: int) -> None:
         self.engine, self.work, self.logits_of, self.on_probe = engine, work, logits_of, on_probe
         self.base, self.first, self.told = base, first, told
         self.prompts = [tuple(p) for p in prompts]
-        self.cells = _cells(self.prompts)
+        self.cells = cells  # the most it may hold (``_cells``), what admission counts
+        self.age = 0  # the decodes it has been in
         k = len(self.prompts)
         self.held: list[tuple[int, ...]] = [()] * k  # the tokens each sequence holds
         # the tokens of each sequence's last decoded state, and that state

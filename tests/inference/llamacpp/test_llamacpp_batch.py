@@ -20,7 +20,13 @@ from simpipe.bench.invariance import round3_prompts
 from simpipe.games.answer_format import IntegerAnswers
 from simpipe.inference.base import GenerationRequest
 from simpipe.inference.llamacpp.backend import LlamaCppBackend
-from simpipe.inference.llamacpp.batch import GROUP, BatchEngine
+from simpipe.inference.llamacpp.batch import (
+    GROUP,
+    IN_FLIGHT,
+    LONG_WALK,
+    SHORT_WALK_IN_FLIGHT,
+    BatchEngine,
+)
 from simpipe.inference.settings import LlamaCppSettings
 from simpipe.inference.types import ChainSettings, ProbeError
 
@@ -66,14 +72,18 @@ def _tv(a: AnswerDistribution, b: AnswerDistribution) -> float:
 
 
 def test_the_groups_depend_on_the_prompts_and_sizes_only():
-    """Groups of ``n_seq`` prompts in list order; one whose trie, probe room and carried
-    prefix would not fit the pool is halved until it does."""
+    """Groups of ``n_seq`` prompts in list order, each with the cells it may hold (its
+    trie, its probes' room, a prefix carried); one that would not fit the pool is halved
+    until it does."""
     short, long = [1, 2, 3], list(range(100, 160))
     engine = SimpleNamespace(n_seq=4, n_ctx=300)
-    assert BatchEngine.groups(engine, [short] * 10) == [(0, 4), (4, 8), (8, 10)]
+    # 4 x [1, 2, 3]: a trie of 3 cells, 4 x 32 of room, 3 carried.
+    assert BatchEngine.groups(engine, [short] * 10) == [(0, 4, 134), (4, 8, 134),
+                                                        (8, 10, 70)]
     mixed = [short, long, [7, *long], [8, *long], short]
     # The first four: a trie of 185 cells, 4 x 32 of room, 61 carried: over 300, halved.
-    assert BatchEngine.groups(engine, mixed) == [(0, 2), (2, 4), (4, 5)]
+    assert BatchEngine.groups(engine, mixed) == [(0, 2, 63 + 64 + 60),
+                                                 (2, 4, 122 + 64 + 61), (4, 5, 3 + 32 + 3)]
 
 
 @pytest.mark.llm
@@ -162,6 +172,31 @@ def test_later_groups_prompts_share_decodes_with_earlier_groups_probes(backend, 
     assert piped.run(prompts, stalled, logits_of) == first
     assert piped.run(prompts, work, logits_of) == first
     assert all(t.strip().isdigit() for answers in first for t in answers)
+
+
+@pytest.mark.llm
+def test_the_pool_takes_more_groups_only_while_its_walks_are_long(backend, engines):
+    """Groups whose walks end after a probe or two (prompts of a few agents) share the pool
+    two at a time: more would make every token's attention step over their cells. Groups
+    that walk a long path (prompts of hundreds of agents) fill it, so that their probes
+    share decodes."""
+    (_, piped), logits_of, tokenize = engines
+    prompts = [tokenize(p) for p in round3_prompts(6 * GROUP)]
+    path = tuple(tokenize("12345678901234"))
+
+    def walking(steps):
+        def work(i, probe):
+            return [probe(path[:k], 4) for k in range(steps)]
+        return work
+
+    def groups_per_decode(steps):
+        seen = _counting(piped)
+        piped.run(prompts, walking(steps), logits_of)
+        del piped.decode
+        return [len({s // GROUP for s in seqs if s < piped.carry}) for seqs in seen]
+
+    assert max(groups_per_decode(2)) == SHORT_WALK_IN_FLIGHT
+    assert max(groups_per_decode(2 * LONG_WALK)) == IN_FLIGHT > SHORT_WALK_IN_FLIGHT
 
 
 @pytest.mark.llm
