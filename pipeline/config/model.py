@@ -56,7 +56,7 @@ from simpipe.core.errors import SimpipeError
 from simpipe.games.config import DEFAULT_KIND as GAME_DEFAULT_KIND
 from simpipe.games.config import AnyGameConfig, BeautyContestConfig, GameConfig
 from simpipe.games.registry import game_for
-from simpipe.inference.settings import CostSettings, SamplingSettings
+from simpipe.inference.settings import LOAD_CONTROL_KEYS, CostSettings, SamplingSettings
 from simpipe.personas.config import PopulationConfig
 from simpipe.personas.meta_prompt import prompt_hash
 
@@ -383,15 +383,26 @@ class Config(_Section):
         return persona_agents_config(self.population.persona.agents)
 
     def results_hash(self) -> str:
-        """Hash of everything that decides the results (not where or on what they run)."""
+        """Hash of everything that decides the results (not where or on what they run, nor
+        how hard the servers are pressed: ``LOAD_CONTROL_KEYS``)."""
+        return self._results_digest(("endpoints", *LOAD_CONTROL_KEYS))
+
+    def holds_run_of(self, stored_hash: str) -> bool:
+        """Whether a run whose run.json records ``stored_hash`` is a run of this config: its
+        results hash, or the hash such a run got before the load-control keys left it (they
+        counted then, as written)."""
+        return stored_hash in (self.results_hash(), self._results_digest(("endpoints",)))
+
+    def _results_digest(self, server_keys: tuple[str, ...]) -> str:
+        """``results_hash`` without the servers' ``server_keys``."""
         data = self.model_dump(mode="json", exclude={
             "cluster": True, "run": {"output_dir"}, "experiment": True,
             # Servers may move between a run and its --resume (a new `cluster up`).
-            "agents": dict.fromkeys(endpoint_backends(), {"endpoints"}),
+            "agents": dict.fromkeys(endpoint_backends(), set(server_keys)),
         })
         from simpipe.config.population_mix import hash_view  # see _Agents._mix_shape
 
-        hash_view(data["agents"], endpoint_backends())
+        hash_view(data["agents"], endpoint_backends(), server_keys)
         if data["agents"].get("cost") == CostSettings().model_dump(mode="json"):
             # Costs choose how prompts are answered (so they count where set), but a config
             # that sets none hashes as it did before they existed.
@@ -405,7 +416,7 @@ class Config(_Section):
         if getattr(game, "history_layout", None) == "split":
             earlier = self.model_copy(update={
                 "game": game.model_copy(update={"history_layout": "by_round"})})
-            if earlier.results_hash() == stored_hash:
+            if earlier.holds_run_of(stored_hash):
                 return ("; it was made with the earlier prompt layout: set "
                         'game.history_layout = "by_round" to resume it as it began')
         return ""

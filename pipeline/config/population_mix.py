@@ -19,7 +19,7 @@ nothing of the config, whose ``AgentsConfig`` it gets as ``type(agents)``);
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -165,10 +165,12 @@ def check_population(agents: AgentsConfig, population: PopulationConfig) -> None
                 raise ValueError(f"{where}.{value}: {exc}") from None
 
 
-def hash_view(agents_dump: dict[str, Any], endpoint_backends: tuple[str, ...]) -> None:
-    """Drop the endpoints of every override from a dumped ``[agents]`` (in place): servers
-    may move between a run and its ``--resume``, as for ``[agents]`` itself. Without a mix,
-    ``by`` goes too: the hash of a config without one is what it was before mixes."""
+def hash_view(agents_dump: dict[str, Any], endpoint_backends: tuple[str, ...],
+              dropped: Iterable[str] = ("endpoints",)) -> None:
+    """Drop the ``dropped`` keys (the endpoints, ...) of every override's server tables from
+    a dumped ``[agents]`` (in place): servers may move between a run and its ``--resume``, as
+    for ``[agents]`` itself. Without a mix, ``by`` goes too: the hash of a config without one
+    is what it was before mixes."""
     if not agents_dump.get(BY):
         agents_dump.pop(BY, None)
         return
@@ -176,7 +178,8 @@ def hash_view(agents_dump: dict[str, Any], endpoint_backends: tuple[str, ...]) -
         for override in tables.values():
             for name in endpoint_backends:
                 if isinstance(override.get(name), dict):
-                    override[name].pop("endpoints", None)
+                    for key in dropped:
+                        override[name].pop(key, None)
                     if not override[name]:
                         del override[name]  # a table that named only its servers
 

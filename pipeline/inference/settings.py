@@ -120,6 +120,13 @@ _ENDPOINTS = (
     "private CA). Servers started by `[cluster.servers]` replace them")
 
 
+#: The HTTP back-ends' keys that bound how requests are sent, not what is asked: a run
+#: resumed with other values (a longer ``timeout_s`` after timeouts) is the same run, so
+#: ``Config.results_hash`` leaves them out, as it does the endpoints.
+LOAD_CONTROL_KEYS = ("max_concurrency", "timeout_s", "retries", "backoff_s", "backoff_max_s",
+                     "max_response_bytes")
+
+
 class HttpSettings(_Section):
     """What the TGI and OpenAI-compatible back-ends share: endpoints and load control.
 

@@ -402,7 +402,7 @@ def plan_cells(experiment: Experiment, force: bool = False) -> list[_Plan]:
             else:
                 problems.append(f"cell {cell.name}: {exc}; pass --force to start it over")
             continue
-        same = record.config_hash == cell.config.results_hash()
+        same = cell.config.holds_run_of(record.config_hash)
         other = None if same else _other_cells_run(cell, record.config_hash, owners, current)
         if other is not None:
             problems.append(f"cell {cell.name}: {cell.run_dir} holds the run of the cell "
@@ -450,7 +450,7 @@ def _other_cells_run(cell: Cell, config_hash: str, owners: dict[str, list[str]],
             continue
         config = other.config
         named = config.with_sections(run=config.run.model_copy(update={"name": cell.name}))
-        if named.results_hash() == config_hash:
+        if named.holds_run_of(config_hash):
             return other
     return None
 

@@ -239,7 +239,7 @@ def open_run_dir(paths: RunPaths, config: Config, *, resume: bool, force: bool) 
     except CorruptFile as exc:
         raise RunDirError(f"{exc}; restore it, or pass --force to start this run over "
                           "(--resume needs it)") from None
-    if record.config_hash != config.results_hash():
+    if not config.holds_run_of(record.config_hash):
         raise RunDirError(
             f"{root} holds a run made from a different config "
             f"(hash {record.config_hash} there, {config.results_hash()} now)"
