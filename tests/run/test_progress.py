@@ -190,14 +190,15 @@ def test_embedded_chains_of_thought_are_counted_as_each_answer_ends(client, tmp_
 @pytest.mark.llm
 @pytest.mark.slow
 def test_an_llm_partition_reports_agents_before_it_finishes(client, tmp_path):
-    # One partition; education and age: about fifteen prompts of one agent each, too few
-    # for a full tree. A population mixed by ``model`` is not planned (each group is
-    # answered by its own policy), so the partition walks each prompt lazily itself, in
-    # batches of eight prompts evaluated together, and reports as its agents' walks end:
-    # the first batch's agents before the last batch ends. (A planned round walks them in
-    # its plan's tasks, shown as the plan's progress.)
+    # One partition; education and age: ~60 prompts of one agent or two each, too few for
+    # a full tree. A population mixed by ``model`` is not planned (each group is answered
+    # by its own policy), so the partition walks each prompt lazily itself, in batches of
+    # eight prompts evaluated together, and reports as its agents' walks end: the first
+    # batches' agents before the last batch ends. (A planned round walks them in its plan's
+    # tasks, shown as the plan's progress.) Eight batches, not two: with two, the first
+    # ended a decode or two before the partition, under the reports' half-second spacing.
     config = small_config(
-        tmp_path, population={"size": 15, "partitions": 1,
+        tmp_path, population={"size": 64, "partitions": 1,
                               "attributes": {
                                   "education": {"values": {"High School": 1,
                                                            "Bachelor's Degree": 1,
