@@ -69,9 +69,9 @@ IN_FLIGHT = 4
 #: ``LONG_WALK`` decodes. Every token's attention steps over the cells the other groups hold
 #: (masked for it), so more groups cost every token: where walks are short (a prompt of a
 #: few agents: its root and a probe or two) a third and fourth group made the 1,000 x 5 run
-#: 2.7 % slower, where they are long (hundreds of agents a prompt: a dozen probe steps) their
-#: probes sharing decodes made a million agents' 2 rounds 8 % faster (docs/benchmarks.md,
-#: "More groups only for long walks").
+#: 2.7 % slower; where they are long (hundreds of agents a prompt: a dozen probe steps)
+#: keeping to two made a million agents' 2 rounds 8 % slower, their probes no longer sharing
+#: decodes (docs/benchmarks.md, "More groups only for long walks").
 SHORT_WALK_IN_FLIGHT = 2
 LONG_WALK = 4
 #: Key/value cells kept free per sequence for its probes' answer prefixes (an answer is a
