@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from simpipe.inference.llamacpp.backend import default_threads
+from simpipe.inference.llamacpp.engine_setup import default_threads
 
 
 def test_each_xdist_worker_runs_on_cores_no_other_worker_has():

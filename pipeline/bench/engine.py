@@ -39,14 +39,14 @@ from simpipe.core.tables import markdown_table
 from simpipe.games.parsing import parse_many
 from simpipe.games.registry import game_for
 from simpipe.inference.base import GenerationRequest
-from simpipe.inference.llamacpp.backend import (
+from simpipe.inference.llamacpp.completions import request_body
+from simpipe.inference.llamacpp.engine_setup import (
     build_has_llguidance,
     build_params,
     open_engine,
-    request_body,
-    resolve_model_path,
     server_constraint,
 )
+from simpipe.inference.llamacpp.model_files import resolve_model_path
 from simpipe.run.console import Console
 from simpipe.run.population import ensure_population
 from simpipe.run.simulation import run_simulation

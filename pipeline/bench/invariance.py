@@ -40,13 +40,9 @@ from simpipe.core.tables import markdown_table
 from simpipe.games.beauty_contest.prompts import HistoryItem
 from simpipe.games.registry import game_for
 from simpipe.inference.base import GenerationRequest
-from simpipe.inference.llamacpp.backend import (
-    build_has_llguidance,
-    build_params,
-    engine_model_path,
-    open_engine,
-    request_body,
-)
+from simpipe.inference.llamacpp.completions import request_body
+from simpipe.inference.llamacpp.engine_setup import build_has_llguidance, build_params, open_engine
+from simpipe.inference.llamacpp.model_files import engine_model_path
 
 TOP_N = 20
 FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}

@@ -35,11 +35,9 @@ from simpipe.core.aio import run_async
 from simpipe.core.memory import PeakMemory
 from simpipe.core.tables import markdown_table
 from simpipe.games.registry import game_for
-from simpipe.inference.llamacpp.backend import (
-    LlamaCppBackend,
-    resolve_model_path,
-    server_constraint,
-)
+from simpipe.inference.llamacpp.backend import LlamaCppBackend
+from simpipe.inference.llamacpp.engine_setup import server_constraint
+from simpipe.inference.llamacpp.model_files import resolve_model_path
 from simpipe.run.console import Console
 from simpipe.run.server_slots import connections_that_fit
 from simpipe.run.simulation import run_simulation

@@ -11,5 +11,5 @@ from pathlib import Path
 def simpipe_home() -> Path:
     """``$SIMPIPE_HOME`` (``~`` expanded), or ``~/.simpipe`` when unset or empty: the
     clusters here (``simpipe.cluster.state``), and the embedded model
-    (``simpipe.inference.llamacpp.backend``)."""
+    (``simpipe.inference.llamacpp.model_files``)."""
     return Path(os.environ.get("SIMPIPE_HOME") or "~/.simpipe").expanduser()

@@ -23,7 +23,8 @@ import urllib.request
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from simpipe.inference.llamacpp.backend import build_params, engine_model_path, open_engine
+from simpipe.inference.llamacpp.engine_setup import build_params, open_engine
+from simpipe.inference.llamacpp.model_files import engine_model_path
 from simpipe.servers.process import ServerProcess
 
 READY_LINE = "simpipe-llamacpp-server listening on"

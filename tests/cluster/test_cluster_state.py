@@ -119,7 +119,7 @@ def test_simpipe_home_is_read_in_one_place(monkeypatch: pytest.MonkeyPatch, tmp_
                                            value: str | None, expected: str) -> None:
     """Clusters and the embedded model share it; an empty value is unset (once the model
     went to ./models of whatever folder a run started in)."""
-    from simpipe.inference.llamacpp import backend as llamacpp
+    from simpipe.inference.llamacpp import model_files as llamacpp
 
     monkeypatch.setenv("HOME", str(tmp_path))
     if value is None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 
-from simpipe.inference.llamacpp.backend import ModelFileError
+from simpipe.inference.llamacpp.model_files import ModelFileError
 from simpipe.run.worker_errors import FAILED_TASK, UserErrorFilter, quiet_user_errors
 
 

@@ -32,7 +32,7 @@ from simpipe.games.base import Turn
 from simpipe.games.registry import game_for
 from simpipe.inference.http.backend import RequestFailed
 from simpipe.inference.http.openai_compat import OpenAIBackend
-from simpipe.inference.llamacpp import backend as llamacpp
+from simpipe.inference.llamacpp import completions as llamacpp
 from simpipe.inference.llamacpp import logprobs as llamacpp_logprobs
 from simpipe.inference.settings import OpenAISettings
 from simpipe.inference.types import ChainSettings, Probe, ProbeError
@@ -116,7 +116,7 @@ def _vllm_probe(answer: Any, prompt_tokens: Any = None) -> Any:
 def _embedded_probe(top: list[tuple[Any, Any]], prompt_n: Any = 7) -> Any:
     """What the embedded engine makes of its in-process server's answer."""
     entries = [{"id": t, "token": "x", "bytes": [120], "logprob": lp} for t, lp in top]
-    return llamacpp._top_logprobs(_wire({
+    return llamacpp.top_logprobs_of(_wire({
         "choices": [{"logprobs": {"content": [{"top_logprobs": entries}]}}],
         "timings": {"prompt_n": prompt_n}, "usage": {"completion_tokens": 1}}))
 

@@ -14,8 +14,8 @@ import pytest
 from simpipe.config.model import ConfigError, config_from_dict
 from simpipe.games.answers import NumberAnswer
 from simpipe.inference.base import GenerationRequest, OutputConstraint
-from simpipe.inference.llamacpp.backend import (
-    LlamaCppBackend,
+from simpipe.inference.llamacpp.backend import LlamaCppBackend
+from simpipe.inference.llamacpp.model_files import (
     default_model_path,
     engine_model_path,
     resolve_model_path,

@@ -23,7 +23,7 @@ from simpipe.answers.distribution import answer_distribution
 from simpipe.bench.invariance import round3_prompts
 from simpipe.games.answer_format import IntegerAnswers
 from simpipe.inference.llamacpp import hidden as llamacpp_hidden
-from simpipe.inference.llamacpp.backend import LlamaCppBackend, ModelFileError, default_model_path
+from simpipe.inference.llamacpp.backend import LlamaCppBackend
 from simpipe.inference.llamacpp.gguf_vocab import (
     GGML_BLOCKS,
     _read_gguf,
@@ -39,6 +39,7 @@ from simpipe.inference.llamacpp.hidden import (
     ModelFile,
     ModelFileChanged,
 )
+from simpipe.inference.llamacpp.model_files import ModelFileError, default_model_path
 from simpipe.inference.settings import LlamaCppSettings
 from simpipe.inference.types import ChainSettings
 
@@ -412,7 +413,7 @@ def test_the_hidden_state_engine_prints_nothing_but_llama_cpps_errors(tmp_path):
     """In a process where the server never started (a planned round's worker), llama.cpp's
     default log would print every line of the model load and of each decode (half a
     megabyte on the quickstart's terminal); only its errors reach stderr."""
-    script = ("from simpipe.inference.llamacpp.backend import default_model_path\n"
+    script = ("from simpipe.inference.llamacpp.model_files import default_model_path\n"
               "from simpipe.inference.llamacpp.hidden import HiddenStateEngine\n"
               "e = HiddenStateEngine(default_model_path(), threads=1, n_ctx=512)\n"
               "e.hidden_after(e.tokenize('Round 3 of 5. My number:'))\n"

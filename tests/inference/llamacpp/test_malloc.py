@@ -27,7 +27,7 @@ def _page_faults_per_buffer(n: int = 20, size: int = 3 * 2**20) -> float:
 def _in_worker() -> tuple[str | None, float, bool, float]:
     import os
 
-    from simpipe.inference.llamacpp.backend import tune_malloc
+    from simpipe.inference.llamacpp.engine_setup import tune_malloc
 
     _page_faults_per_buffer(2)
     untuned = _page_faults_per_buffer()

@@ -18,13 +18,13 @@ import pytest
 
 from simpipe.config.model import ConfigError, config_from_dict
 from simpipe.inference.base import GenerationRequest
-from simpipe.inference.llamacpp.backend import (
-    LlamaCppBackend,
+from simpipe.inference.llamacpp.backend import LlamaCppBackend
+from simpipe.inference.llamacpp.gguf_vocab import GgufError, answer_vocab
+from simpipe.inference.llamacpp.model_files import (
     ModelFileError,
     default_model_path,
     resolve_model_path,
 )
-from simpipe.inference.llamacpp.gguf_vocab import GgufError, answer_vocab
 from simpipe.inference.settings import LlamaCppSettings
 
 from support import REPO, one_error_line, simpipe_cli

