@@ -63,6 +63,10 @@ class ServerKindPlugin:
     #: kind started with those arguments decodes together (None: arguments it would not
     #: start with); None: the kind does not say (vLLM and TGI batch what arrives).
     slots: str | None = None
+    #: ``"module:function"``, ``() -> bool``: whether servers of this kind, started from this
+    #: install, take answer grammars in llguidance's form (``agents.openai.constraint =
+    #: "lark"``); None: the kind does not say.
+    llguidance: str | None = None
 
     @property
     def needs_command(self) -> bool:
@@ -80,6 +84,13 @@ class ServerKindPlugin:
             return None
         module, _, function = self.slots.partition(":")
         return getattr(importlib.import_module(module), function)(extra_args)
+
+    def takes_llguidance(self) -> bool:
+        """Whether its servers take llguidance grammars (False where the kind does not say)."""
+        if self.llguidance is None:
+            return False
+        module, _, function = self.llguidance.partition(":")
+        return bool(getattr(importlib.import_module(module), function)())
 
     def local_processes(self) -> Callable[[Any], AbstractContextManager[list[str]]]:
         if self.local is None:
@@ -116,7 +127,8 @@ SERVER_KINDS: dict[str, ServerKindPlugin] = {kind.name: kind for kind in (
         template=("{python} -m simpipe.servers.llamacpp_server --host {host} --port {port} "
                   "--threads {cpus} {model_flag} {extra_args}"),
         emulator_params={"max_concurrent_requests": NO_LIMIT},
-        slots="simpipe.servers.llamacpp_server:slots_of"),
+        slots="simpipe.servers.llamacpp_server:slots_of",
+        llguidance="simpipe.servers.llamacpp_server:takes_llguidance"),
     ServerKindPlugin("custom", "needs `command`"),
     # Emulated GPU servers (dry runs): one process, several GPUs on ports from {port}.
     ServerKindPlugin(

@@ -75,6 +75,7 @@ def validate(config_path: str, overrides: tuple[str, ...]) -> None:
     model, population, cluster, and agent 0's round-1 prompt as an example."""
     from simpipe.cli.settings import resolved_settings
     from simpipe.config.population_mix import backend_summary
+    from simpipe.run.server_grammar import slower_grammar
     from simpipe.run.server_slots import oversubscribed_slots
 
     config = load(config_path, overrides)
@@ -82,9 +83,9 @@ def validate(config_path: str, overrides: tuple[str, ...]) -> None:
                f"{config.population.size:,} agents in {config.population.n_partitions} partitions, "
                f"{config.game.rounds} rounds, backend {backend_summary(config.agents)})")
     click.echo(resolved_settings(config))
-    warning = oversubscribed_slots(config)
-    if warning is not None:
-        click.echo(f"warning: {warning}")
+    for warning in (oversubscribed_slots(config), slower_grammar(config)):
+        if warning is not None:
+            click.echo(f"warning: {warning}")
     if config.experiment is not None:
         from simpipe.run.experiment import load_experiment
 

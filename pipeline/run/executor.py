@@ -49,6 +49,7 @@ from simpipe.config.backends import BACKENDS
 from simpipe.config.model import ClusterConfig, Config, ConfigError
 from simpipe.core.errors import SimpipeError
 from simpipe.run.emulate import SUFFIX, Site, emulate_config, probe_site
+from simpipe.run.server_grammar import slower_grammar
 from simpipe.run.server_slots import oversubscribed_slots
 
 if TYPE_CHECKING:  # distributed is imported when a client is made: `simpipe validate` is light
@@ -115,9 +116,9 @@ class Executor:
             raise ConfigError(f'cluster.servers.kind = "{servers.kind}" serves agents.backend = '
                               f'"{backend}", but the config has agents.backend = '
                               f'"{config.agents.backend}"')
-        warning = oversubscribed_slots(config)
-        if warning is not None:
-            self.say(f"warning: {warning}")
+        for warning in (oversubscribed_slots(config), slower_grammar(config)):
+            if warning is not None:
+                self.say(f"warning: {warning}")
         return config
 
     def connect(self, stack: ExitStack) -> Client:

@@ -23,7 +23,8 @@ import urllib.request
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from simpipe.inference.llamacpp.engine_setup import build_params, open_engine
+from simpipe.core.errors import SimpipeError
+from simpipe.inference.llamacpp.engine_setup import build_has_llguidance, build_params, open_engine
 from simpipe.inference.llamacpp.model_files import engine_model_path
 from simpipe.servers.process import ServerProcess
 
@@ -74,6 +75,16 @@ def slots_of(args: list[str]) -> int | None:
     except argparse.ArgumentError:  # "--parallel x", or "--parallel" with no value
         return None
     return known.parallel if known.parallel >= 1 else None
+
+
+def takes_llguidance() -> bool:
+    """Whether this server, started from this install, takes answer grammars in llguidance's
+    form: its engine's build does (PyPI's wheel; not one from ``simpipe engine build``,
+    which compiles without llguidance). False where this machine cannot load the engine."""
+    try:
+        return build_has_llguidance()
+    except SimpipeError:  # an engine built for another CPU: the run itself says so
+        return False
 
 
 def _wait_healthy(url: str, timeout_s: float = 60.0) -> bool:
