@@ -166,7 +166,7 @@ def check_population(agents: AgentsConfig, population: PopulationConfig) -> None
 
 
 def hash_view(agents_dump: dict[str, Any], endpoint_backends: tuple[str, ...],
-              dropped: Iterable[str] = ("endpoints",)) -> None:
+              dropped: Iterable[str]) -> None:
     """Drop the ``dropped`` keys (the endpoints, ...) of every override's server tables from
     a dumped ``[agents]`` (in place): servers may move between a run and its ``--resume``, as
     for ``[agents]`` itself. Without a mix, ``by`` goes too: the hash of a config without one
