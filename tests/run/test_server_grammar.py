@@ -7,14 +7,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from test_server_slots import _on_slurm, _served
+from test_server_slots import SERVED, config_on_slurm, served_by_llamacpp, validate_warnings
 
 from simpipe.cluster.server_kinds import SERVER_KINDS
 from simpipe.run.executor import Executor
 from simpipe.run.server_grammar import slower_grammar
 from simpipe.run.server_slots import oversubscribed_slots
-
-from support import SCRIPTED, simpipe_cli
 
 FIX = 'set agents.openai.constraint = "lark"'
 
@@ -26,23 +24,23 @@ def test_servers_of_this_install_take_llguidance() -> None:
 
 
 def test_gbnf_to_llguidance_servers_is_named_with_its_fix(tmp_path: Path) -> None:
-    warning = slower_grammar(_served(tmp_path))
+    warning = slower_grammar(served_by_llamacpp(tmp_path))
     assert warning is not None
     assert warning.startswith('agents.openai.constraint = "auto" sends the answer grammar as '
                               'GBNF, and the cluster.servers.kind = "llamacpp" servers')
     assert "1.4 times the requests a second" in warning and warning.endswith(FIX)
     # The fix it names is silent.
-    assert slower_grammar(_served(tmp_path, openai={"constraint": "lark"})) is None
+    assert slower_grammar(served_by_llamacpp(tmp_path, openai={"constraint": "lark"})) is None
 
 
 @pytest.mark.parametrize("constraint", ["grammar", "json_schema", "none"])
 def test_a_constraint_chosen_in_the_config_is_left_alone(tmp_path: Path,
                                                           constraint: str) -> None:
-    assert slower_grammar(_served(tmp_path, openai={"constraint": constraint})) is None
+    assert slower_grammar(served_by_llamacpp(tmp_path, openai={"constraint": constraint})) is None
 
 
 def test_chain_of_thought_has_no_llguidance_form_and_no_warning(tmp_path: Path) -> None:
-    config = _served(tmp_path)
+    config = served_by_llamacpp(tmp_path)
     raw = config.model_dump(mode="json")
     raw["game"]["prompt"] = "cot"
     assert slower_grammar(type(config).model_validate(raw)) is None
@@ -53,25 +51,19 @@ def test_chain_of_thought_has_no_llguidance_form_and_no_warning(tmp_path: Path) 
     {"kind": "custom", "command": "my-server --port {port}"},  # its build is its own
 ])
 def test_other_server_kinds_get_no_warning(tmp_path: Path, servers: dict) -> None:
-    assert slower_grammar(_on_slurm(tmp_path, servers)) is None
+    assert slower_grammar(config_on_slurm(tmp_path, servers)) is None
 
 
 def test_a_run_says_it_before_anything_starts(tmp_path: Path) -> None:
     said: list[str] = []
-    config = _served(tmp_path, cluster={"jobs": 2})
+    config = served_by_llamacpp(tmp_path, cluster={"jobs": 2})
     Executor(config, say=said.append)  # starts nothing
     assert [line for line in said if line.startswith("warning: ")] == [
         f"warning: {oversubscribed_slots(config)}", f"warning: {slower_grammar(config)}"]
 
 
 def test_validate_says_it() -> None:
-    served = ("--set", "agents.backend=openai", "--set", "agents.openai.max_concurrency=4",
-              "--set", 'cluster={kind="slurm", jobs=2, interface="lo", '
-              'servers={kind="llamacpp", extra_args="--parallel 8"}}')
-    proc = simpipe_cli("validate", str(SCRIPTED), *served)
-    assert proc.returncode == 0, proc.stderr
-    warnings = [line for line in proc.stdout.splitlines() if line.startswith("warning: ")]
+    served = (*SERVED, "--set", "agents.openai.max_concurrency=4")  # the slots fit
+    warnings = validate_warnings(*served)
     assert len(warnings) == 1 and warnings[0].endswith(FIX)
-    fixed = simpipe_cli("validate", str(SCRIPTED), *served,
-                        "--set", 'agents.openai.constraint="lark"')
-    assert fixed.returncode == 0 and "warning: " not in fixed.stdout
+    assert validate_warnings(*served, "--set", 'agents.openai.constraint="lark"') == []
