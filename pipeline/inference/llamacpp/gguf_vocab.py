@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import functools
 import mmap
+import re
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -116,6 +118,8 @@ def _parse_gguf(path: Path, wanted: tuple[str, ...], tensors: bool
                     size = np.dtype(_NUMPY[item]).itemsize * n
                     arr = np.frombuffer(buf[at: at + size], _NUMPY[item]) if keep else None
                     return arr, at + size
+                if item == 8:
+                    return _strings(buf, at, n, keep)
                 items = []
                 for _ in range(n):
                     v, at = value(item, at, keep)
@@ -149,6 +153,26 @@ def _parse_gguf(path: Path, wanted: tuple[str, ...], tensors: bool
             data_start = -(-pos // alignment) * alignment
             infos = {k: (d, t, data_start + o) for k, (d, t, o) in infos.items()}
         return out, GgufLayout(info_start, data_start, alignment, infos)
+
+
+_LENGTH = struct.Struct("<Q").unpack_from
+
+
+def _strings(buf: mmap.mmap, at: int, n: int, keep: bool) -> tuple[list[bytes] | None, int]:
+    """An array of ``n`` GGUF strings from ``at`` (each a length, then its bytes), as a list
+    of bytes when ``keep``; the position after it. One loop, not a call per string: a
+    vocabulary has 262,144 of them, read (or stepped over) by every worker process."""
+    if not keep:
+        for _ in range(n):
+            at += 8 + _LENGTH(buf, at)[0]
+        return None, at
+    items = []
+    for _ in range(n):
+        size = _LENGTH(buf, at)[0]
+        at += 8
+        items.append(buf[at:at + size])
+        at += size
+    return items, at
 
 
 @dataclass(frozen=True)
@@ -198,6 +222,24 @@ def _gpt2_byte_decoder() -> dict[str, int]:
             chars.append(256 + extra)
             extra += 1
     return {chr(c): b for b, c in zip(printable, chars, strict=True)}
+
+
+#: EOG_TEXTS as a token's bytes in the file (a token whose bytes are not UTF-8 decodes to
+#: text with U+FFFD, which is none of them).
+_EOG_BYTES = frozenset(text.encode() for text in EOG_TEXTS)
+
+
+def _spm_answer_text(allowed: set[bytes]) -> Callable[[bytes], re.Match | None]:
+    """A test of a SentencePiece token's bytes: whether its piece can consist of ``allowed``
+    bytes alone (each such byte, or U+2581 where a space is allowed: ``_piece`` renders it
+    as one). Byte tokens (``<0xXX>``) are not covered: their text is not their piece."""
+    singles = sorted(b[0] for b in allowed if len(b) == 1)
+    units = [re.escape(bytes([b])) for b in singles]
+    if b" " in allowed:
+        units.append(re.escape("\u2581".encode()))
+    if not units:
+        return lambda raw: None
+    return re.compile(b"(?:" + b"|".join(units) + b")+").fullmatch
 
 
 def _piece(text: str, kind: int, model: str, gpt2: dict[str, int]) -> bytes:
@@ -254,11 +296,16 @@ def answer_vocab(model_path: str, alphabet: frozenset[str]) -> AnswerVocab:
         if isinstance(tid, int) and 0 <= tid < len(tokens):
             eog.add(tid)
     pieces: dict[int, str] = {}
+    may_answer = None if gpt2 else _spm_answer_text(allowed)
     for tid, raw in enumerate(tokens):
-        text = raw.decode("utf-8", "replace")
-        if text in EOG_TEXTS:
+        if raw in _EOG_BYTES:
             eog.add(tid)
             continue
+        # Most of a vocabulary cannot render as answer text: stepped over without decoding
+        # (what ``_piece`` would give for them has a byte outside ``allowed``).
+        if may_answer is not None and kinds[tid] != _TYPE_BYTE and not may_answer(raw):
+            continue
+        text = raw.decode("utf-8", "replace")
         piece = _piece(text, kinds[tid], model, gpt2)
         if piece and all(bytes([b]) in allowed for b in piece):
             pieces[tid] = piece.decode("ascii")
