@@ -391,7 +391,9 @@ class Config(_Section):
         """Whether a run whose run.json records ``stored_hash`` is a run of this config: its
         results hash, or the hash such a run got before the load-control keys left it (they
         counted then, as written)."""
-        return stored_hash in (self.results_hash(), self._results_digest(("endpoints",)))
+        # The earlier digest only when the current one differs: experiments ask per cell.
+        return (stored_hash == self.results_hash()
+                or stored_hash == self._results_digest(("endpoints",)))
 
     def _results_digest(self, server_keys: tuple[str, ...]) -> str:
         """``results_hash`` without the servers' ``server_keys``."""
