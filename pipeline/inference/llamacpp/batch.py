@@ -26,12 +26,23 @@ sequence per prompt and one key/value pool for all (``kv_unified``):
    a hundred costs 3.8: docs/benchmarks.md, "Probes ride in the next group's decode").
    Which group enters at which decode follows from the prompts and the answers alone.
 
+Before the first group, the tokens that every prompt of the list starts with (for a
+round's list, the rules: ``shared_prefix``, cut to a multiple of ``PREFIX_BLOCK`` tokens)
+are put on the carry sequence, and the first group copies them as later groups copy what
+their predecessor left. The key/value state of that prefix is kept (``_PrefixStates``): a
+later list of the process with the same prefix (every walk task of a run, whatever its
+round) restores it instead of decoding it again (docs/benchmarks.md, "The rules decoded
+once per worker"). Kept or just decoded, the pool then starts from those bytes restored
+into an emptied pool, and the prefix is decoded alone in one decode, as it was inside the
+first group's (the bits are those of a list decoded without it, measured).
+
 What is in each decode (which prompts, in which order, on which sequence ids, which
-tokens) is therefore fixed by the list of prompts and these constants, never by
-timing, the worker, the threads or what ran before (every list starts from an empty pool): the same
-list gives the same bits on every run. They are not the serial chain's bits: llama.cpp's
-matrix products group rows differently in a larger batch (measured in docs/measurements.md,
-"Batched exact probes"); a list of one prompt gives the chain's bits.
+tokens) is therefore fixed by the list of prompts and these constants, never by timing,
+the worker, the threads or what ran before (every list starts from an emptied pool and its
+prefix's state): the same list gives the same bits on every run. They are not the serial
+chain's bits: llama.cpp's matrix products group rows differently in a larger batch
+(measured in docs/measurements.md, "Batched exact probes"); a list of one prompt (no
+shared prefix) gives the chain's bits.
 """
 
 from __future__ import annotations
@@ -40,6 +51,7 @@ import ctypes
 import logging
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -77,6 +89,12 @@ LONG_WALK = 4
 #: Key/value cells kept free per sequence for its probes' answer prefixes (an answer is a
 #: few tokens; a prompt longer than the context less this is refused, as in the chain).
 PATH_ROOM = 32
+#: A list's shared prefix is cut to a multiple of this many tokens, so that lists whose
+#: prompts part a few tokens apart (after "You are a" or "You are a female") share one.
+PREFIX_BLOCK = 16
+#: The key/value states kept per batched context, least recently used dropped first (a
+#: state is ~18 KB a token for Gemma 3 270M: the 80 tokens of the rules take 1.5 MB).
+PREFIX_STATES_BYTES = 32 << 20
 
 
 class BatchFailed(RuntimeError):
@@ -87,6 +105,32 @@ class BatchFailed(RuntimeError):
     def __init__(self, results: dict[int, Any], cause: BaseException) -> None:
         super().__init__(f"{type(cause).__name__}: {cause}")
         self.results = results
+
+
+class _PrefixStates:
+    """Key/value states of the carry sequence by the tokens it held, the least recently used
+    dropped once they take more than ``max_bytes`` (never the one just kept)."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._states: OrderedDict[tuple[int, ...], np.ndarray] = OrderedDict()
+        self._bytes = 0
+
+    def get(self, tokens: tuple[int, ...]) -> np.ndarray | None:
+        state = self._states.get(tokens)
+        if state is not None:
+            self._states.move_to_end(tokens)
+        return state
+
+    def put(self, tokens: tuple[int, ...], state: np.ndarray) -> None:
+        old = self._states.pop(tokens, None)
+        self._bytes += state.nbytes - (0 if old is None else old.nbytes)
+        self._states[tokens] = state
+        while self._bytes > self.max_bytes and len(self._states) > 1:
+            self._bytes -= self._states.popitem(last=False)[1].nbytes
+
+    def __len__(self) -> int:
+        return len(self._states)
 
 
 @dataclass
@@ -134,9 +178,7 @@ class BatchEngine:
             raise HiddenStateUnavailable("llama.cpp could not create a batched context")
         self._memory = api.llama_get_memory(self._ctx)
         self._batch = api.llama_batch_init(N_BATCH, 0, n_seq)
-        fn = api.llama_memory_seq_cp
-        fn.argtypes = [_P, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32]
-        fn.restype = None
+        self.prefixes = _PrefixStates(PREFIX_STATES_BYTES)
 
     def _on_tensor(self, tensor: int, ask: bool, _user: int) -> bool:
         try:
@@ -208,9 +250,16 @@ class BatchEngine:
             if on_result is not None:
                 on_result(i, result)
 
-        self.reset()
         try:
-            errors = _Pipeline(self, prompts, work, logits_of, on_probe, refused, told).run()
+            prefix = shared_prefix(prompts, refused, self.n_ctx - PATH_ROOM)
+            try:
+                decoded, seconds = self.load_prefix(prefix)
+            except ProbeError as exc:  # the first group decodes the prefix with its prompts
+                logger.warning("a shared prompt prefix could not be kept: %s", exc)
+                prefix, decoded, seconds = (), 0, 0.0
+                self.reset()
+            errors = _Pipeline(self, prompts, work, logits_of, on_probe, refused, told,
+                               prefix, (decoded, seconds)).run()
         except Exception as exc:  # the caller goes on without batches
             raise BatchFailed(results, exc) from exc
         finally:
@@ -238,6 +287,41 @@ class BatchEngine:
         for lo in range(0, len(prompts), self.n_seq):
             fit(lo, min(lo + self.n_seq, len(prompts)))
         return cuts
+
+    def load_prefix(self, prefix: tuple[int, ...]) -> tuple[int, float]:
+        """An emptied pool whose carry sequence holds ``prefix``; the tokens decoded for it
+        and the seconds taken. Its state is restored if it was kept, else decoded (in one
+        decode, as a group's trie would hold it), kept and restored, so that what comes
+        after it never depends on which (a prefix decoded in pieces would have other bits:
+        docs/benchmarks.md, "The rules decoded once per worker")."""
+        self.reset()
+        if not prefix:
+            return 0, 0.0
+        start = time.perf_counter()
+        decoded, state = 0, self.prefixes.get(prefix)
+        if state is None:
+            self.decode([_Entry(t, pos, [self.carry]) for pos, t in enumerate(prefix)])
+            decoded, state = len(prefix), self.save(self.carry)
+            self.prefixes.put(prefix, state)
+        self.restore(state)
+        return decoded, time.perf_counter() - start
+
+    def save(self, seq: int) -> np.ndarray:
+        """Sequence ``seq``'s cells (positions, keys, values) as llama.cpp writes them."""
+        size = self.api.llama_state_seq_get_size(self._ctx, seq)
+        state = np.empty(size, np.uint8)
+        if size == 0 or self.api.llama_state_seq_get_data(self._ctx, state.ctypes.data,
+                                                          size, seq) != size:
+            raise ProbeError("llama.cpp could not save a sequence's key/value state")
+        return state
+
+    def restore(self, state: np.ndarray) -> None:
+        """An emptied pool whose carry sequence holds the cells ``save`` wrote."""
+        self.reset()
+        if self.api.llama_state_seq_set_data(self._ctx, state.ctypes.data, state.size,
+                                             self.carry) != state.size:
+            self.reset()
+            raise ProbeError("llama.cpp could not restore a sequence's key/value state")
 
     def copy(self, src: int, dst: int, stop: int) -> None:
         """Sequence ``dst`` shares ``src``'s cells of positions before ``stop``."""
@@ -270,6 +354,25 @@ def _common(a: Sequence[int], b: Sequence[int]) -> int:
     return n
 
 
+def shared_prefix(prompts: Sequence[Sequence[int]], refused: Sequence[str | None] | None,
+                  room: int) -> tuple[int, ...]:
+    """The tokens that two or more prompts of the list all start with, short of each one's
+    last token (whose hidden state answers it), cut to whole blocks of ``PREFIX_BLOCK``;
+    prompts refused, empty or longer than ``room`` do not count. A function of the list
+    alone, so that the decodes are."""
+    usable = [p for i, p in enumerate(prompts)
+              if (refused is None or refused[i] is None) and 0 < len(p) <= room]
+    if len(usable) < 2:
+        return ()
+    n = min(len(p) for p in usable) - 1
+    first = usable[0]
+    for p in usable[1:]:
+        n = min(n, _common(first[:n], p))
+        if n < PREFIX_BLOCK:
+            return ()
+    return tuple(first[:n - n % PREFIX_BLOCK])
+
+
 def _trie_size(prompts: Sequence[Sequence[int]]) -> int:
     """Distinct (prefix) tokens of ``prompts``: the cells their trie takes."""
     seen: set[tuple[int, ...]] = set()
@@ -299,13 +402,17 @@ class _Pipeline:
                  work: Callable[[int, Probe], Any], logits_of: AnswerLogits,
                  on_probe: Callable[[int, float], None] | None,
                  refused: Sequence[str | None] | None,
-                 told: Callable[[int, Any], None]) -> None:
+                 told: Callable[[int, Any], None], carry: tuple[int, ...] = (),
+                 carry_cost: tuple[int, float] = (0, 0.0)) -> None:
         self.engine, self.prompts, self.work = engine, prompts, work
         self.logits_of, self.on_probe, self.refused, self.told = logits_of, on_probe, refused, told
         self.cuts = engine.groups(prompts)
         self.live: list[_Group] = []  # in the order admitted
         self.admitted = 0
-        self.carry: tuple[int, ...] = ()  # the tokens the carry sequence holds
+        self.carry = carry  # the tokens the carry sequence holds
+        # the tokens decoded for the carry and their seconds, owed by the first prompt
+        # evaluated (as in the chain, where the first prompt decodes the rules)
+        self.carry_cost = carry_cost
         self.errors: dict[int, BaseException] = {}
 
     def run(self) -> list[BaseException]:
@@ -390,6 +497,10 @@ class _Pipeline:
             group.prefill(engine.carry, self.carry)
         engine.drop(engine.carry)
         self.carry = ()
+        if self.carry_cost[0] and (i := group.first_evaluated()) is not None:
+            group.owed[i] += self.carry_cost[0]
+            group.spent[i] += self.carry_cost[1]
+            self.carry_cost = (0, 0.0)
         self.live.append(group)
         self.admitted += 1
         return group
@@ -437,6 +548,10 @@ class _Group:
 
     def seq(self, i: int) -> int:
         return self.base + i
+
+    def first_evaluated(self) -> int | None:
+        """The first prompt that ``prefill`` did not refuse."""
+        return next((i for i, r in enumerate(self.refused) if r is None), None)
 
     @property
     def over(self) -> bool:

@@ -24,8 +24,11 @@ from simpipe.inference.llamacpp.batch import (
     GROUP,
     IN_FLIGHT,
     LONG_WALK,
+    PREFIX_BLOCK,
     SHORT_WALK_IN_FLIGHT,
     BatchEngine,
+    _PrefixStates,
+    shared_prefix,
 )
 from simpipe.inference.settings import LlamaCppSettings
 from simpipe.inference.types import ChainSettings, ProbeError
@@ -223,6 +226,80 @@ def test_a_failed_decode_costs_the_prompts_in_it_not_the_batch(backend, engines)
     assert all(t.strip().isdigit() for i, g in enumerate(got) if i not in failed for t in g)
     del piped.decode
     assert piped.run(prompts, work, logits_of) == clean
+
+
+def test_the_shared_prefix_is_what_every_usable_prompt_starts_with_in_whole_blocks():
+    rules = list(range(1000, 1000 + 2 * PREFIX_BLOCK + 5))  # 2 blocks and 5 tokens
+    a, b = [*rules, 1, 2, 3], [*rules, 1, 7]
+    assert shared_prefix([a, b], None, 1000) == tuple(rules[:2 * PREFIX_BLOCK])
+    # Short of every prompt's last token: that one's hidden state answers the prompt.
+    assert shared_prefix([rules[:PREFIX_BLOCK], [*rules[:PREFIX_BLOCK], 9]], None, 1000) == ()
+    assert shared_prefix([a], None, 1000) == ()  # one prompt shares nothing with another
+    stranger = [5, *rules]
+    assert shared_prefix([a, stranger, b], None, 1000) == ()
+    # Refused, empty and too long prompts are evaluated by nobody: they do not count.
+    assert shared_prefix([a, stranger, b], [None, "refused", None], 1000) == shared_prefix(
+        [a, b], None, 1000)
+    assert shared_prefix([a, [], b, [5] * 2000], None, 1000) == shared_prefix([a, b], None, 1000)
+
+
+def test_kept_prefix_states_drop_the_least_recently_used_past_their_bytes():
+    states = _PrefixStates(max_bytes=300)
+    states.put((1,), np.zeros(100, np.uint8))
+    states.put((2,), np.zeros(100, np.uint8))
+    states.put((3,), np.zeros(100, np.uint8))
+    assert states.get((1,)) is not None  # now the most recently used
+    states.put((4,), np.zeros(100, np.uint8))
+    assert states.get((2,)) is None and len(states) == 3
+    states.put((5,), np.zeros(1000, np.uint8))  # over the bound alone: kept, the rest dropped
+    assert len(states) == 1 and states.get((5,)) is not None
+
+
+@pytest.mark.llm
+def test_a_later_list_restores_the_kept_rules_with_the_same_bits(backend):
+    """Two lists with the same rules in one process: the second restores the rules' state
+    instead of decoding them again, and its answers are those it gets from an engine that
+    decodes them (the order of the walk tasks on a worker changes no answer)."""
+    vocab = backend.answer_vocab(LANG.alphabet)
+    logits_of = backend.exact_answer_logits(vocab, PLAIN)
+    hidden = backend._hidden
+    first, second = ([hidden.tokenize(p) for p in round3_prompts(2 * GROUP, seed=seed)]
+                     for seed in (7, 8))
+    prefix = shared_prefix(second, None, 4096)
+    assert len(prefix) >= 4 * PREFIX_BLOCK and prefix == shared_prefix(first, None, 4096)
+
+    def evaluated(engine, prompts):
+        work, _ = _walker(backend, prompts)
+        tokens = []
+        got = engine.run(prompts, work, logits_of, on_probe=lambda n, _s: tokens.append(n))
+        return got, sum(tokens)
+
+    warm, cold = BatchEngine(hidden, GROUP, 4096, 1), BatchEngine(hidden, GROUP, 4096, 1)
+    try:
+        evaluated(warm, first)
+        restored, warm_tokens = evaluated(warm, second)
+        decoded, cold_tokens = evaluated(cold, second)
+        assert restored == decoded
+        assert all(t.strip().isdigit() for answers in restored for t in answers)
+        assert cold_tokens - warm_tokens == len(prefix)
+        assert len(warm.prefixes) == len(cold.prefixes) == 1
+    finally:
+        warm.close()
+        cold.close()
+
+
+@pytest.mark.llm
+def test_a_prefix_that_cannot_be_kept_is_decoded_with_the_first_group(backend, engines):
+    """The rules' decode fails (llama.cpp empties the pool): no prompt is lost, the first
+    group decodes the rules with its prompts, and the answers are the same bits."""
+    (_, piped), logits_of, tokenize = engines
+    prompts = [tokenize(p) for p in round3_prompts(2 * GROUP)]
+    work, _ = _walker(backend, prompts)
+    clean = piped.run(prompts, work, logits_of)
+    piped.prefixes = type(piped.prefixes)(piped.prefixes.max_bytes)  # nothing kept
+    _counting(piped, fail_at=1)  # the rules' own decode
+    assert piped.run(prompts, work, logits_of) == clean
+    del piped.decode
 
 
 @pytest.mark.llm
