@@ -295,12 +295,13 @@ class BatchEngine:
         decode, as a group's trie would hold it), kept and restored, so that what comes
         after it never depends on which (a prefix decoded in pieces would have other bits:
         docs/benchmarks.md, "The rules decoded once per worker")."""
-        self.reset()
         if not prefix:
+            self.reset()
             return 0, 0.0
         start = time.perf_counter()
         decoded, state = 0, self.prefixes.get(prefix)
         if state is None:
+            self.reset()
             self.decode([_Entry(t, pos, [self.carry]) for pos, t in enumerate(prefix)])
             decoded, state = len(prefix), self.save(self.carry)
             self.prefixes.put(prefix, state)
@@ -368,7 +369,7 @@ def shared_prefix(prompts: Sequence[Sequence[int]], refused: Sequence[str | None
     n = min(len(p) for p in usable) - 1
     first = usable[0]
     for p in usable[1:]:
-        n = min(n, _common(first[:n], p))
+        n = min(n, _common(first, p))
         if n < PREFIX_BLOCK:
             return ()
     return tuple(first[:n - n % PREFIX_BLOCK])
