@@ -160,6 +160,7 @@ class BatchEngine:
         self._ctx = None
         self._batch: Any = None
         self._rows: list[np.ndarray] = []
+        self._zero_next = False  # a decode gave a non-finite state: zero the pool (``reset``)
         self._callback = _EVAL_CALLBACK(self._on_tensor)  # kept alive with the context
         params = api.llama_context_default_params()
         params.n_ctx = n_ctx
@@ -198,11 +199,15 @@ class BatchEngine:
         """Every cell free. Their old keys and values stay (``data = false``): zeroing the
         pool wrote all of its ~18 KB a cell (32 ms for 4,096 cells, twice per walk task), and
         nothing reads them: a free cell is masked for every token, the flash-attention
-        kernels skip it or weigh it by exactly 0, so the bits do not depend on what an
-        earlier list left (``test_batched_trees_repeat_bit_for_bit_and_match_the_chain``
-        repeats a list on a used pool)."""
+        kernels skip it or weigh its finite keys and values by exactly 0, so the bits do not
+        depend on what an earlier list left, as they never depended on the cells a cut or a
+        finished group frees inside a list (``test_batched_trees_repeat_bit_for_bit...``
+        repeats a list on a used pool). A NaN or infinity weighed by 0 is no 0: after a
+        decode that gave a non-finite state the pool is zeroed, so that a model's bad
+        output costs the list that met it, not the worker's later lists."""
         if self._ctx:
-            self.api.llama_memory_clear(self._memory, False)
+            self.api.llama_memory_clear(self._memory, self._zero_next)
+            self._zero_next = False
 
     def decode(self, entries: Sequence[_Entry]) -> list[np.ndarray]:
         """Decode ``entries`` in order (at most ``N_BATCH`` tokens per llama.cpp decode);
@@ -224,6 +229,8 @@ class BatchEngine:
             rc = self.api.llama_decode(self._ctx, batch)
             wanted = sum(e.output for e in chunk)
             rows = np.concatenate(self._rows) if self._rows else np.empty((0, self.n_embd))
+            if not np.isfinite(rows).all():
+                self._zero_next = True
             if rc != 0 or rows.shape[0] != wanted:
                 self.reset()
                 raise ProbeError(f"llama_decode of a batch failed (code {rc}, "

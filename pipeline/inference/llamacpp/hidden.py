@@ -377,6 +377,7 @@ class HiddenStateEngine:
         self._model = self._ctx = None
         self._batch: _Batch | None = None
         self._held: list[int] = []  # the tokens the cache holds, in order
+        self._zero_next = False  # a decode gave a non-finite state: zero the pool (``reset``)
         self._hidden: np.ndarray | None = None
         self._full = False  # let a decode run on to the logits (``full_logits``)
         self._callback = _EVAL_CALLBACK(self._on_tensor)  # kept alive with the context
@@ -424,6 +425,8 @@ class HiddenStateEngine:
             if n >= self.n_embd:
                 data = np.ctypeslib.as_array(self.api.ggml_get_data_f32(tensor), (n,))
                 self._hidden = data[-self.n_embd:].copy()
+                if not np.isfinite(self._hidden).all():
+                    self._zero_next = True
             return self._full
         except Exception:  # noqa: BLE001 -- nothing may cross into C: stop, report none
             self._hidden = None
@@ -441,10 +444,12 @@ class HiddenStateEngine:
 
     def reset(self) -> None:
         """Empty the cache: the next decode starts afresh. The cells' old keys and values
-        stay (``data = false``, as ``BatchEngine.reset``: a free cell is masked, weighed by
-        exactly 0 where read at all; zeroing the pool cost 30 ms a call)."""
+        stay unless a decode gave a non-finite state (as ``BatchEngine.reset``: a free cell
+        is masked, its finite values weighed by exactly 0 where read at all; zeroing the
+        pool cost 30 ms a call)."""
         if self._ctx:  # (a closed engine holds nothing)
-            self.api.llama_memory_clear(self._memory, False)
+            self.api.llama_memory_clear(self._memory, self._zero_next)
+            self._zero_next = False
         self._held = []
 
     def hidden_after(self, tokens: Sequence[int]) -> tuple[np.ndarray, int]:

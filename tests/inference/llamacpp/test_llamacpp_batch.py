@@ -27,6 +27,7 @@ from simpipe.inference.llamacpp.batch import (
     PREFIX_BLOCK,
     SHORT_WALK_IN_FLIGHT,
     BatchEngine,
+    _Entry,
     _PrefixStates,
     shared_prefix,
 )
@@ -300,6 +301,56 @@ def test_a_prefix_that_cannot_be_kept_is_decoded_with_the_first_group(backend, e
     _counting(piped, fail_at=1)  # the rules' own decode
     assert piped.run(prompts, work, logits_of) == clean
     del piped.decode
+
+
+class _WatchedApi:
+    """llama.cpp's calls as ``real`` makes them, the pool's clears recorded (``data`` of
+    each) and, while ``poison`` is set, every hidden state a decode gives turned to NaN (a
+    model whose output overflows)."""
+
+    def __init__(self, real, engine):
+        self.real, self.engine, self.clears, self.poison = real, engine, [], False
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+    def llama_memory_clear(self, memory, data):
+        self.clears.append(bool(data))
+        return self.real.llama_memory_clear(memory, data)
+
+    def llama_decode(self, ctx, batch):
+        rc = self.real.llama_decode(ctx, batch)
+        if self.poison:
+            for rows in self.engine._rows:
+                rows[:] = np.nan
+        return rc
+
+
+@pytest.mark.llm
+def test_the_pool_is_zeroed_only_after_a_decode_gave_a_non_finite_state(backend, engines):
+    """A list ends with its cells freed, not zeroed (a free cell is masked); after a decode
+    whose hidden states were not finite (NaN weighed by 0 is no 0) the next clear zeroes the
+    pool, and the next list gets the answers it gets on a clean pool."""
+    (_, piped), logits_of, tokenize = engines
+    prompts = [tokenize(p) for p in round3_prompts(GROUP + 2)]
+    work, _ = _walker(backend, prompts)
+    clean = piped.run(prompts, work, logits_of)
+    api = piped.api = _WatchedApi(piped.api, piped)
+    try:
+        assert piped.run(prompts, work, logits_of) == clean
+        assert api.clears and not any(api.clears)
+        api.clears.clear()
+        api.poison = True
+        [row] = piped.decode([_Entry(t, pos, [0], pos == len(prompts[0]) - 1)
+                              for pos, t in enumerate(prompts[0])])
+        api.poison = False
+        assert np.isnan(row).all()
+        piped.reset()
+        piped.reset()
+        assert api.clears == [True, False]
+        assert piped.run(prompts, work, logits_of) == clean
+    finally:
+        piped.api = api.real
 
 
 @pytest.mark.llm
