@@ -425,8 +425,6 @@ class HiddenStateEngine:
             if n >= self.n_embd:
                 data = np.ctypeslib.as_array(self.api.ggml_get_data_f32(tensor), (n,))
                 self._hidden = data[-self.n_embd:].copy()
-                if not np.isfinite(self._hidden).all():
-                    self._zero_next = True
             return self._full
         except Exception:  # noqa: BLE001 -- nothing may cross into C: stop, report none
             self._hidden = None
@@ -489,6 +487,8 @@ class HiddenStateEngine:
                 batch.seq_id[i][0] = 0
                 batch.logits[i] = pos == len(tokens) - 1
             rc = self.api.llama_decode(self._ctx, batch)
+            if self._hidden is not None and not np.isfinite(self._hidden).all():
+                self._zero_next = True
             if rc != 0:
                 self.reset()
                 raise ProbeError(f"llama_decode failed (code {rc})")

@@ -306,10 +306,11 @@ def test_a_prefix_that_cannot_be_kept_is_decoded_with_the_first_group(backend, e
 class _WatchedApi:
     """llama.cpp's calls as ``real`` makes them, the pool's clears recorded (``data`` of
     each) and, while ``poison`` is set, every hidden state a decode gives turned to NaN (a
-    model whose output overflows)."""
+    model whose output overflows): ``states(engine)`` lists the arrays holding them."""
 
-    def __init__(self, real, engine):
-        self.real, self.engine, self.clears, self.poison = real, engine, [], False
+    def __init__(self, real, engine, states):
+        self.real, self.engine, self.states = real, engine, states
+        self.clears, self.poison = [], False
 
     def __getattr__(self, name):
         return getattr(self.real, name)
@@ -321,7 +322,7 @@ class _WatchedApi:
     def llama_decode(self, ctx, batch):
         rc = self.real.llama_decode(ctx, batch)
         if self.poison:
-            for rows in self.engine._rows:
+            for rows in self.states(self.engine):
                 rows[:] = np.nan
         return rc
 
@@ -335,7 +336,7 @@ def test_the_pool_is_zeroed_only_after_a_decode_gave_a_non_finite_state(backend,
     prompts = [tokenize(p) for p in round3_prompts(GROUP + 2)]
     work, _ = _walker(backend, prompts)
     clean = piped.run(prompts, work, logits_of)
-    api = piped.api = _WatchedApi(piped.api, piped)
+    api = piped.api = _WatchedApi(piped.api, piped, lambda engine: engine._rows)
     try:
         assert piped.run(prompts, work, logits_of) == clean
         assert api.clears and not any(api.clears)
@@ -351,6 +352,31 @@ def test_the_pool_is_zeroed_only_after_a_decode_gave_a_non_finite_state(backend,
         assert piped.run(prompts, work, logits_of) == clean
     finally:
         piped.api = api.real
+
+
+@pytest.mark.llm
+def test_the_chains_cache_is_zeroed_only_after_a_non_finite_state(backend):
+    """The serial chain's engine clears its cache the same way as the batches'."""
+    hidden = backend._hidden
+    tokens = hidden.tokenize(round3_prompts(1)[0])
+    state, _ = hidden.hidden_after(tokens)
+    api = hidden.api = _WatchedApi(hidden.api, hidden,
+                                   lambda engine: [engine._hidden] if engine._hidden is not None
+                                   else [])
+    try:
+        hidden.reset()
+        api.poison = True
+        poisoned, _ = hidden.hidden_after(tokens)
+        api.poison = False
+        assert np.isnan(poisoned).all()
+        hidden.reset()
+        hidden.reset()
+        assert api.clears == [False, True, False]
+        again, _ = hidden.hidden_after(tokens)
+        assert np.array_equal(again, state)
+    finally:
+        hidden.api = api.real
+        hidden.reset()
 
 
 @pytest.mark.llm
