@@ -442,3 +442,50 @@ def test_the_gguf_block_sizes_are_the_linked_ggmls():
     path = default_model_path()
     _, tensors = _read_gguf(path, (), tensors=True)
     assert tensor_data_end(tensors) == path.stat().st_size
+
+
+class _TokenizeCalls:
+    """llama.cpp's calls as ``real`` makes them, each ``llama_tokenize``'s ``parse_special``
+    recorded."""
+
+    def __init__(self, real):
+        self.real, self.special = real, []
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+    def llama_tokenize(self, vocab, raw, size, out, room, add_special, parse_special):
+        self.special.append(parse_special)
+        return self.real.llama_tokenize(vocab, raw, size, out, room, add_special,
+                                        parse_special)
+
+
+@pytest.mark.llm
+def test_prompts_are_tokenized_as_with_special_tokens_parsed_searching_them_only_where_needed():
+    """A text in which no control token can start (no ``<`` for Gemma) is tokenized without
+    llama.cpp's search for them (seven times faster a prompt) and gets the same tokens; a
+    chat turn, a control token's text, or any ``<`` is searched, and its control tokens are
+    parsed."""
+    engine = HiddenStateEngine(default_model_path(), threads=1, n_ctx=512)
+    assert engine.control_starts() == {b"<"}
+    api = engine.api
+    texts = [*round3_prompts(4), "My number: 42.\n\nWinning numbers: 26.3, 24.87."]
+    marked = ["<start_of_turn>user\nMy number?<end_of_turn>\n<start_of_turn>model\n",
+              "x <unused7> y", "3 < 4 and 5 > 2", "<"]
+    engine.api = watched = _TokenizeCalls(api)
+    try:
+        got = [engine.tokenize(t) for t in texts + marked]
+    finally:
+        engine.api = api
+    assert watched.special == [False] * len(texts) + [True] * len(marked)
+
+    def parsed(text):
+        raw = text.encode()
+        out = (ctypes.c_int32 * (len(raw) + 8))()
+        n = api.llama_tokenize(engine._vocab, raw, len(raw), out, len(raw) + 8, True, True)
+        return list(out[:n])
+
+    assert got == [parsed(t) for t in texts + marked]
+    turn = got[len(texts)]
+    assert len(turn) < len(engine.tokenize(marked[0].replace("<", "(")))  # parsed: one id each
+    engine.close()
