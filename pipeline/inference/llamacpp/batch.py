@@ -12,7 +12,9 @@ sequence per prompt and one key/value pool for all (``kv_unified``):
    cells that group left (the carry sequence), so each prompt costs the tokens in which it
    differs from its predecessor, as in the chain; the last token of each prompt is an
    output, and its row of the last hidden state (``result_norm``, read by the graph
-   callback as in ``hidden``) answers the prompt's root probe;
+   callback as in ``hidden``) answers the prompt's root probe; after it, the answer's
+   likely first token (``_Pipeline.lookahead``) as one more output, whose row answers the
+   probe of that token without a decode of its own;
 2. the probes in lockstep: each prompt's work (a tree walked lazily, or a full tree) runs
    in a thread of its own whose probes wait until every other prompt of the group still
    working has asked its next probe or finished; then one decode answers them all, one
@@ -52,7 +54,7 @@ import ctypes
 import logging
 import threading
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -166,9 +168,10 @@ class BatchEngine:
         params.n_ctx = n_ctx
         params.n_batch = params.n_ubatch = N_BATCH
         params.n_seq_max = self.carry + 1
-        # One row per sequence and decode at most (llama.cpp asserts, killing the process,
-        # unless this covers n_seq_max rows).
-        params.n_outputs_max = self.carry + 1
+        # One row per sequence and decode at most, two for an entering group's (its
+        # prompts' lookahead: ``_Group.prefill``); llama.cpp asserts, killing the process,
+        # unless this covers n_seq_max rows.
+        params.n_outputs_max = self.carry + 1 + n_seq
         params.n_threads = params.n_threads_batch = threads
         params.swa_full = True  # so that a sequence can be cut back to any prefix
         # One pool: a token several prompts share is one cell, and one ubatch may hold
@@ -388,6 +391,15 @@ def shared_prefix(prompts: Sequence[Sequence[int]], refused: Sequence[str | None
     return tuple(first[:n - n % PREFIX_BLOCK])
 
 
+def likely_first(counts: Counter[int], probing: int) -> int | None:
+    """The token that over half of ``probing`` prompts probed first (``counts``: by token,
+    the prompts that probed it), the most probed and then the lowest id; None if none."""
+    if not counts:
+        return None
+    token, n = min(counts.items(), key=lambda item: (-item[1], item[0]))
+    return token if 2 * n > probing else None
+
+
 def _trie_size(prompts: Sequence[Sequence[int]]) -> int:
     """Distinct (prefix) tokens of ``prompts``: the cells their trie takes."""
     seen: set[tuple[int, ...]] = set()
@@ -429,6 +441,10 @@ class _Pipeline:
         # evaluated (as in the chain, where the first prompt decodes the rules)
         self.carry_cost = carry_cost
         self.errors: dict[int, BaseException] = {}
+        # the first answer tokens probed by the groups that have left: by token, the
+        # prompts that probed it; the prompts that probed any
+        self.firsts: Counter[int] = Counter()
+        self.probing = 0
 
     def run(self) -> list[BaseException]:
         """Every group evaluated; the works' exceptions in prompt order."""
@@ -477,10 +493,29 @@ class _Pipeline:
         for group in [g for g in self.live if g.over]:
             self.live.remove(group)
             self.errors.update(group.errors())
+            self.firsts.update(token for _, token in group.firsts)
+            self.probing += len({i for i, _ in group.firsts})
             if group.first + len(group.prompts) == following:
                 self.carry = group.hand_over(tuple(self.prompts[following]))
             else:
                 group.clear()
+
+    def lookahead(self) -> int | None:
+        """The first answer token that over half of the list's prompts that probed one so
+        far probed (the most probed; the lowest id on a tie), else None. A walk of an
+        answer first probes the state after one of its tokens, almost always the same one
+        (a space before the number: 257 of 258 prompts of a round; a full tree probes
+        every first token), so a group's trie decodes that token after each prompt in the
+        same decode, and that probe is answered without a decode of its own: the group
+        leaves the pool a decode sooner, and fewer decodes hold only a few probes' tokens
+        (docs/benchmarks.md, "The answer's first token decoded with its prompt"). What was
+        probed before follows from the list and the answers alone, so the decodes still
+        do."""
+        counts, probing = self.firsts.copy(), self.probing
+        for group in self.live:
+            counts.update(token for _, token in group.firsts)
+            probing += len({i for i, _ in group.firsts})
+        return likely_first(counts, probing)
 
     def _admit(self) -> _Group | None:
         """The next group, its prompts' trie ready to decode, where a slot and the cells it
@@ -506,10 +541,11 @@ class _Pipeline:
         # What the first prompts share with the group before: from its last sequence while
         # it is in the pool, else from what it left on the carry sequence.
         before = self.live[-1] if self.live else None
+        lookahead = self.lookahead()
         if before is not None and before.first + len(before.prompts) == lo:
-            group.prefill(before.seq(len(before.prompts) - 1), before.held[-1])
+            group.prefill(before.seq(len(before.prompts) - 1), before.held[-1], lookahead)
         else:
-            group.prefill(engine.carry, self.carry)
+            group.prefill(engine.carry, self.carry, lookahead)
         engine.drop(engine.carry)
         self.carry = ()
         if self.carry_cost[0] and (i := group.first_evaluated()) is not None:
@@ -540,8 +576,8 @@ class _Group:
         self.age = 0  # the decodes it has been in
         k = len(self.prompts)
         self.held: list[tuple[int, ...]] = [()] * k  # the tokens each sequence holds
-        # the tokens of each sequence's last decoded state, and that state
-        self.known: list[tuple[tuple[int, ...], np.ndarray] | None] = [None] * k
+        # the states each sequence's last decode gave, by the tokens they follow
+        self.known: list[dict[tuple[int, ...], np.ndarray]] = [{} for _ in range(k)]
         # tokens decoded for a prompt and their share of the decodes' time, not yet
         # reported with a probe
         self.owed = [0] * k
@@ -556,7 +592,11 @@ class _Group:
         self.outcomes: list[tuple[Any, BaseException | None]] = [(None, None)] * k
         self.threads: list[threading.Thread] = []
         self.entries: list[_Entry] = []  # the next decode's tokens for this group
-        self.ends: list[tuple[int, int]] = []  # (prefill entry, prompt)
+        # (prefill entry, prompt, the tokens its state follows): each prompt's last token
+        # and, where the trie held one, its lookahead token
+        self.ends: list[tuple[int, int, tuple[int, ...]]] = []
+        # the first answer tokens the works have probed, as (prompt, token)
+        self.firsts: set[tuple[int, int]] = set()
         self.waiting: dict[int, tuple[int, ...]] = {}  # probes that need a decode
         self.order: list[int] = []  # the prompts whose probes are in ``entries``
         self.answers: dict[int, Any] = {}  # probes answered with the next decode
@@ -578,12 +618,15 @@ class _Group:
         return {self.first + i: error for i, (_, error) in enumerate(self.outcomes)
                 if error is not None}
 
-    def prefill(self, source: int, source_holds: tuple[int, ...]) -> None:
+    def prefill(self, source: int, source_holds: tuple[int, ...],
+                lookahead: int | None = None) -> None:
         """The prompts' trie as the next decode's entries: a token that several prompts
         share once, with every sequence that holds it; what a prompt shares with
         ``source_holds`` (the tokens sequence ``source`` holds) copied from it instead; each
-        prompt's last token an output. A prompt too long for the pool is refused (its
-        probes raise ProbeError)."""
+        prompt's last token an output, and after it ``lookahead`` (``_Pipeline.lookahead``:
+        the answer's likely first token) as one more, whose state answers the work's
+        probe of that token without a decode of its own. A prompt too long for the pool
+        is refused (its probes raise ProbeError)."""
         engine = self.engine
         room = engine.n_ctx - PATH_ROOM
         entries: list[_Entry] = []
@@ -614,7 +657,17 @@ class _Group:
                     entries[at].seqs.append(self.seq(i))
                 parent = at
             entries[parent].output = True  # type: ignore[index]
-            self.ends.append((parent, i))  # type: ignore[arg-type]
+            self.ends.append((parent, i, tokens))  # type: ignore[arg-type]
+            if lookahead is not None:
+                at = children.get((parent, lookahead))
+                if at is None:
+                    at = children[(parent, lookahead)] = len(entries)
+                    entries.append(_Entry(lookahead, len(tokens), [self.seq(i)], True))
+                    self.owed[i] += 1
+                else:  # another prompt's token, or its lookahead too
+                    entries[at].seqs.append(self.seq(i))
+                    entries[at].output = True
+                self.ends.append((at, i, (*tokens, lookahead)))
         self.entries = entries
 
     def prefilled(self, rows: Sequence[np.ndarray] | ProbeError, seconds_each: float) -> None:
@@ -626,9 +679,10 @@ class _Group:
         elif self.entries:
             outputs = (k for k, e in enumerate(self.entries) if e.output)
             row_of = dict(zip(outputs, rows, strict=True))
-            for at, i in self.ends:
-                self.held[i] = self.prompts[i]
-                self.known[i] = (self.prompts[i], row_of[at])
+            for at, i, tokens in self.ends:
+                if len(tokens) > len(self.held[i]):
+                    self.held[i] = tokens
+                self.known[i][tokens] = row_of[at]
                 self.spent[i] += seconds_each
         self.entries = []
         self.threads = [threading.Thread(target=self._thread, args=(i,), daemon=True,
@@ -654,10 +708,12 @@ class _Group:
                     self.told(i, result)
             quick: dict[int, Any] = {}
             for i, tokens in asked.items():
+                if len(tokens) == len(self.prompts[i]) + 1:
+                    self.firsts.add((i, tokens[-1]))
                 if self.refused[i] is not None:
                     quick[i] = ProbeError(self.refused[i])
-                elif (known := self.known[i]) is not None and known[0] == tokens:
-                    quick[i] = self._answer(i, known[1])
+                elif (row := self.known[i].get(tokens)) is not None:
+                    quick[i] = self._answer(i, row)
             if not quick:
                 self.waiting = asked
                 return
@@ -690,7 +746,7 @@ class _Group:
         if not isinstance(rows, ProbeError):
             for i, row in zip(self.order, rows, strict=True):
                 self.held[i] = self.waiting[i]
-                self.known[i] = (self.waiting[i], row)
+                self.known[i] = {self.waiting[i]: row}
                 self.spent[i] += seconds_each
                 self.answers[i] = row
         answers = {i: self._answer(i, got) for i, got in self.answers.items()}
@@ -736,7 +792,7 @@ class _Group:
     def emptied(self) -> None:
         """The pool was emptied (a failed decode): every sequence starts afresh."""
         self.held = [()] * len(self.held)
-        self.known = [None] * len(self.known)
+        self.known = [{} for _ in self.known]
 
     def _thread(self, i: int) -> None:
         def probe(path: tuple[int, ...], top_n: int) -> tuple[TopLogprobs, int, int]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from collections import Counter
 from types import SimpleNamespace
 
 import numpy as np
@@ -28,7 +29,10 @@ from simpipe.inference.llamacpp.batch import (
     SHORT_WALK_IN_FLIGHT,
     BatchEngine,
     _Entry,
+    _Group,
+    _Pipeline,
     _PrefixStates,
+    likely_first,
     shared_prefix,
 )
 from simpipe.inference.settings import LlamaCppSettings
@@ -176,6 +180,99 @@ def test_later_groups_prompts_share_decodes_with_earlier_groups_probes(backend, 
     assert piped.run(prompts, stalled, logits_of) == first
     assert piped.run(prompts, work, logits_of) == first
     assert all(t.strip().isdigit() for answers in first for t in answers)
+
+
+def test_the_lookahead_is_the_first_token_most_prompts_probed():
+    """Over half of the prompts that probed a first answer token must have probed it; a
+    full tree probes every first token, and then the lowest id is taken."""
+    assert likely_first(Counter(), 0) is None
+    assert likely_first(Counter({7: 3, 5: 1}), 4) == 7  # a walk: most take a space first
+    assert likely_first(Counter({7: 2, 5: 2}), 4) is None
+    assert likely_first(Counter({7: 4, 5: 4, 9: 4}), 4) == 5  # full trees
+    assert likely_first(Counter({7: 2}), 5) is None
+
+
+def _watching(engine):
+    """Every entry of each decode ``engine`` makes from now on."""
+    seen: list[list[_Entry]] = []
+    decode = engine.decode
+
+    def watched(entries):
+        seen.append(list(entries))
+        return decode(entries)
+
+    engine.decode = watched
+    return seen
+
+
+@pytest.mark.llm
+def test_the_answers_first_token_is_decoded_with_its_prompt(backend, engines, monkeypatch):
+    """After the first group, each prompt's trie also decodes the first answer token that
+    most prompts before probed (the space before a number), in the same decode: that probe
+    is answered without a decode of its own, the list takes fewer decodes, and a wrong guess
+    costs one token, nothing else."""
+    (_, piped), logits_of, tokenize = engines
+    prompts = [tokenize(p) for p in round3_prompts(6 * GROUP)]
+    space, four, two = tokenize(" 42")[1:]
+    seven = tokenize("7")[-1]
+    # Each prompt's probes as a walk of one agent makes them: the root, the space, a digit,
+    # a second digit; every fifth prompt after the first group answers "7" (no space).
+    odd = {i for i in range(GROUP, len(prompts)) if i % 5 == 0}
+
+    def work(i, probe):
+        paths = [(), (seven,)] if i in odd else [(), (space,), (space, four), (space, four, two)]
+        return [probe(path, 4)[0] for path in paths]
+
+    tries: dict[int, tuple[int | None, list[_Entry]]] = {}  # by a group's first prompt
+    decoded: list[tuple[int, tuple[int, ...]]] = []  # the probes that took a decode
+    prefill, step_entries = _Group.prefill, _Group.step_entries
+
+    def spied_prefill(group, source, holds, lookahead=None):
+        prefill(group, source, holds, lookahead)
+        tries[group.first] = (lookahead, list(group.entries))
+
+    def spied_steps(group):
+        decoded.extend((group.first + i, tokens[len(group.prompts[i]):])
+                       for i, tokens in group.waiting.items())
+        return step_entries(group)
+
+    piped.run(prompts, work, logits_of)  # the rules' state kept: neither run below decodes it
+    monkeypatch.setattr(_Group, "prefill", spied_prefill)
+    monkeypatch.setattr(_Group, "step_entries", spied_steps)
+    seen = _watching(piped)
+    answers = piped.run(prompts, work, logits_of)
+    del piped.decode
+
+    assert tries[0][0] is None  # nothing probed yet
+    assert {(i, path) for i, path in decoded if i < GROUP and len(path) == 1} == {
+        (i, (space,)) for i in range(GROUP)}
+    for first in range(GROUP, len(prompts), GROUP):
+        lookahead, entries = tries[first]
+        assert lookahead == space
+        ahead = sorted(e.pos for e in entries if e.token == space and e.output)
+        assert ahead == sorted(len(prompts[i]) for i in range(first, first + GROUP))
+    assert not [i for i, path in decoded if i >= GROUP and path == (space,)]
+
+    monkeypatch.setattr(_Pipeline, "lookahead", lambda self: None)
+    without = _watching(piped)
+    alone = piped.run(prompts, work, logits_of)
+    del piped.decode
+    assert len(seen) < len(without)
+    assert sum(map(len, seen)) == sum(map(len, without)) + len(odd)
+    # Other bits (another batch), the same distributions within the batches' tolerance.
+    gaps = [_probe_tv(a, b) for got, ref in zip(answers, alone, strict=True)
+            for a, b in zip(got, ref, strict=True)]
+    assert 0 < max(gaps) <= TOLERANCE, max(gaps)
+
+
+def _probe_tv(a, b) -> float:
+    """Total variation between two probes' answer-token distributions."""
+    def probs(top):
+        logits = np.array(top.logprobs)
+        p = np.exp(logits - logits.max())
+        return dict(zip(top.ids, p / p.sum(), strict=True))
+    pa, pb = probs(a), probs(b)
+    return 0.5 * sum(abs(pa.get(k, 0.0) - pb.get(k, 0.0)) for k in set(pa) | set(pb))
 
 
 @pytest.mark.llm
