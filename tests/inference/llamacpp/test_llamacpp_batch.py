@@ -143,13 +143,13 @@ def engines(backend):
 
 
 def _counting(engine, fail_at=None):
-    """The decodes ``engine`` makes from now on: the sequence ids of each one's entries;
-    the ``fail_at``-th (from 1) fails as a llama.cpp decode does (the pool emptied)."""
-    seen: list[set[int]] = []
+    """The decodes ``engine`` makes from now on: each one's entries; the ``fail_at``-th
+    (from 1) fails as a llama.cpp decode does (the pool emptied)."""
+    seen: list[list[_Entry]] = []
     decode = engine.decode
 
     def counted(entries):
-        seen.append({s for e in entries for s in e.seqs})
+        seen.append(list(entries))
         if len(seen) == fail_at:
             engine.reset()
             raise ProbeError("llama_decode of a batch failed (code 1, 0 of 1 hidden states)")
@@ -157,6 +157,11 @@ def _counting(engine, fail_at=None):
 
     engine.decode = counted
     return seen
+
+
+def _seqs(entries) -> set[int]:
+    """The sequence ids a decode's entries hold."""
+    return {s for e in entries for s in e.seqs}
 
 
 @pytest.mark.llm
@@ -171,9 +176,9 @@ def test_later_groups_prompts_share_decodes_with_earlier_groups_probes(backend, 
     alone.run(prompts, work, logits_of)
     together = _counting(piped)
     first = piped.run(prompts, work, logits_of)
-    groups = [{s // GROUP for s in seqs if s < piped.carry} for seqs in together]
+    groups = [{s // GROUP for s in _seqs(d) if s < piped.carry} for d in together]
     assert max(len(g) for g in groups) >= 2
-    assert all(len(g) == 1 for g in ({s // GROUP for s in seqs} for seqs in one_by_one))
+    assert all(len({s // GROUP for s in _seqs(d)}) == 1 for d in one_by_one)
     assert len(together) < len(one_by_one)
     rng = random.Random(3)
     stalled, _ = _walker(backend, prompts, stall=lambda: rng.random() * 0.003)
@@ -190,19 +195,6 @@ def test_the_lookahead_is_the_first_token_most_prompts_probed():
     assert likely_first(Counter({7: 2, 5: 2}), 4) is None
     assert likely_first(Counter({7: 4, 5: 4, 9: 4}), 4) == 5  # full trees
     assert likely_first(Counter({7: 2}), 5) is None
-
-
-def _watching(engine):
-    """Every entry of each decode ``engine`` makes from now on."""
-    seen: list[list[_Entry]] = []
-    decode = engine.decode
-
-    def watched(entries):
-        seen.append(list(entries))
-        return decode(entries)
-
-    engine.decode = watched
-    return seen
 
 
 @pytest.mark.llm
@@ -239,7 +231,7 @@ def test_the_answers_first_token_is_decoded_with_its_prompt(backend, engines, mo
     piped.run(prompts, work, logits_of)  # the rules' state kept: neither run below decodes it
     monkeypatch.setattr(_Group, "prefill", spied_prefill)
     monkeypatch.setattr(_Group, "step_entries", spied_steps)
-    seen = _watching(piped)
+    seen = _counting(piped)
     answers = piped.run(prompts, work, logits_of)
     del piped.decode
 
@@ -254,7 +246,7 @@ def test_the_answers_first_token_is_decoded_with_its_prompt(backend, engines, mo
     assert not [i for i, path in decoded if i >= GROUP and path == (space,)]
 
     monkeypatch.setattr(_Pipeline, "lookahead", lambda self: None)
-    without = _watching(piped)
+    without = _counting(piped)
     alone = piped.run(prompts, work, logits_of)
     del piped.decode
     assert len(seen) < len(without)
@@ -294,7 +286,7 @@ def test_the_pool_takes_more_groups_only_while_its_walks_are_long(backend, engin
         seen = _counting(piped)
         piped.run(prompts, walking(steps), logits_of)
         del piped.decode
-        return [len({s // GROUP for s in seqs if s < piped.carry}) for seqs in seen]
+        return [len({s // GROUP for s in _seqs(d) if s < piped.carry}) for d in seen]
 
     assert max(groups_per_decode(2)) == SHORT_WALK_IN_FLIGHT
     assert max(groups_per_decode(2 * LONG_WALK)) == IN_FLIGHT > SHORT_WALK_IN_FLIGHT

@@ -461,12 +461,14 @@ class _TokenizeCalls:
 
 
 @pytest.mark.llm
-def test_prompts_are_tokenized_as_with_special_tokens_parsed_searching_them_only_where_needed():
+def test_prompts_are_tokenized_as_with_special_tokens_parsed_searching_them_only_where_needed(
+        request):
     """A text in which no control token can start (no ``<`` for Gemma) is tokenized without
     llama.cpp's search for them (seven times faster a prompt) and gets the same tokens; a
     chat turn, a control token's text, or any ``<`` is searched, and its control tokens are
     parsed."""
     engine = HiddenStateEngine(default_model_path(), threads=1, n_ctx=512)
+    request.addfinalizer(engine.close)
     assert engine.control_starts() == {b"<"}
     api = engine.api
     texts = [*round3_prompts(4), "My number: 42.\n\nWinning numbers: 26.3, 24.87."]
@@ -488,4 +490,3 @@ def test_prompts_are_tokenized_as_with_special_tokens_parsed_searching_them_only
     assert got == [parsed(t) for t in texts + marked]
     turn = got[len(texts)]
     assert len(turn) < len(engine.tokenize(marked[0].replace("<", "(")))  # parsed: one id each
-    engine.close()
