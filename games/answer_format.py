@@ -365,6 +365,7 @@ class IntegerAnswers:
         # (sign, patterns): "" or "-" followed by one of the digit patterns.
         self._pieces = [("-" if negative else "", int_patterns(a, b))
                         for negative, a, b, _ in _parts(low, high, 0)]
+        self._bounds = _int_bounds(low, high)
         self.alphabet = frozenset(" -0123456789")
 
     def _split(self, text: str) -> list[tuple[str, list[_Pattern]]]:
@@ -392,6 +393,20 @@ class IntegerAnswers:
             if not patterns or any(self._matches(digits, p) for p in patterns):
                 return True
         return False
+
+    def ends(self, limit: int = 256) -> tuple[str, ...]:
+        """The admitted answers, each after the leading space, that no admitted answer
+        extends (" 0", " 11" to " 99" and " 100" for 0..100): a generation that reaches one
+        can only end there, so a server may stop it at once instead of decoding one more
+        token to draw the end of generation the grammar forces. Empty for a range of more
+        than ``limit`` integers (a stop string each)."""
+        lo, hi = (math.floor(b) for b in self._bounds)
+        if hi - lo + 1 > limit:
+            return ()
+        extend = sorted(self.alphabet - {" "})
+        return tuple(text for text in (f" {i}" for i in range(lo, hi + 1))
+                     if self.is_complete(text)
+                     and not any(self.is_prefix(text + c) for c in extend))
 
     def is_complete(self, text: str) -> bool:
         """Whether ``text`` is an admitted answer (generation may end after it)."""

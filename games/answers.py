@@ -67,6 +67,11 @@ class NumberAnswer:
             return None
         return number_json_schema(self.low, self.high, integer=self.integer)
 
+    def ends(self) -> tuple[str, ...]:
+        """The basic answers no answer extends (``IntegerAnswers.ends``); none for chain of
+        thought, whose reasoning may hold any of them."""
+        return () if self.cot else self.language().ends()
+
     def language(self) -> IntegerAnswers:
         """The basic answers as a prefix language (shared answer distributions)."""
         return IntegerAnswers(self.low, self.high)

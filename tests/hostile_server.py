@@ -226,16 +226,20 @@ def llamacpp_completion(top: list[tuple[Any, Any]], prompt_n: Any = 7,
 
 def fake_llamacpp(completion: Callable[[Request], Reply] | None = None,
                   tokenize: Callable[[Request], Reply] | None = None) -> Answer:
-    """A ``HostileServer`` answer playing llama.cpp's server: ``/tokenize`` and
-    ``/completion`` from ``tokenize`` and ``completion`` where given (a function of the
-    request, returning its raw answer), else good answers; every ``/v1/completions`` (an
-    agent's own call) answers ``"42"``."""
+    """A ``HostileServer`` answer playing llama.cpp's server: ``/tokenize`` and the
+    probes' ``/completion`` (a prompt of text and token ids) from ``tokenize`` and
+    ``completion`` where given (a function of the request, returning its raw answer), else
+    good answers; every agent's own call answers ``"42"``: on ``/v1/completions``, or on
+    ``/completion`` (a prompt of text) as llama.cpp does where a stop string ended it."""
 
     def answer(req: Request) -> Reply:
         if req.path == "/tokenize":
             if tokenize is not None:
                 return tokenize(req)
             return ok_json(llamacpp_tokens(req.json()))
+        if req.path == "/completion" and isinstance(req.json().get("prompt"), str):
+            return ok_json({"content": "", "stop_type": "word", "stopping_word": " 42",
+                            "tokens_evaluated": 7, "tokens_predicted": 3})
         if req.path == "/completion":
             if completion is not None:
                 return completion(req)

@@ -69,7 +69,8 @@ def prompting(game: Game, style: str) -> tuple[PromptBuilder, OutputConstraint]:
     table: games built from equal tables are equal)."""
     answer = game.answer()
     constraint = OutputConstraint(gbnf=answer.grammar(), regex=answer.regex(),
-                                  json_schema=answer.json_schema(), lark=answer.lark())
+                                  json_schema=answer.json_schema(), lark=answer.lark(),
+                                  ends=answer.ends())
     return PromptBuilder(game.config, style), constraint
 
 
@@ -159,7 +160,8 @@ class LLMAgents(AgentPolicy):
     def __init__(self, backend: Backend, agents: AgentsConfig) -> None:
         self.backend = backend
         self.sampling = agents
-        self.shared = SharedAnswers(backend) if backend.supports_answer_distributions else None
+        self.shared = (SharedAnswers(backend, lone_sessions=agents.reproducible)
+                       if backend.supports_answer_distributions else None)
 
     def needs_own_answers(self, game: Game) -> bool:
         return True  # each prompt shows the agent its own earlier answers

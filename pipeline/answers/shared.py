@@ -20,6 +20,7 @@ import json
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -198,9 +199,14 @@ class Walked:
 class SharedAnswers:
     """The per-process cache of answer distributions of one back-end."""
 
-    def __init__(self, backend: Backend, max_entries: int = 20_000) -> None:
+    def __init__(self, backend: Backend, max_entries: int = 20_000,
+                 lone_sessions: bool = True) -> None:
         self.backend = backend
         self.max_entries = max_entries
+        # Trees computed through sessions (a server's probes) run one after the other, each
+        # lone (the same bits on every run), or, where False (``agents.reproducible`` off),
+        # up to the back-end's ``session_concurrency`` side by side.
+        self.lone_sessions = lone_sessions
         self._lock = threading.Lock()
         self._cache: OrderedDict[tuple, Lookup] = OrderedDict()
         self._pending: dict[tuple, threading.Event] = {}
@@ -286,7 +292,8 @@ class SharedAnswers:
                max_tokens: int, bounds: tuple[float, float], max_unseen: float
                ) -> list[Lookup]:
         """The trees of ``prompts`` in one chain where the back-end has one (the embedded
-        engine: exact answer logits where the settings allow), else one session each.
+        engine: exact answer logits where the settings allow), else one session each (lone
+        and one after the other, or side by side: ``lone_sessions``).
 
         A ``ProbeError`` (a server that does not answer, or answers values the checks refuse:
         ``answer_checks.probe_*``) costs the prompts it concerns their distributions (a
@@ -313,15 +320,35 @@ class SharedAnswers:
                                             max_unseen, prune) for p, prune in pairs]
             except ProbeError as exc:
                 return [Lookup(None, True, 0, 0, 0, str(exc)) for _ in prompts]
-        found = []
-        for p, prune in pairs:
+        lone = self.lone_sessions
+        side_by_side = 1 if lone else min(self.backend.session_concurrency, len(prompts))
+
+        def session_tree(prompt: str, prune: float) -> Lookup:
             try:
-                with self.backend.logprob_session(p) as probe:
-                    got = self._walk_tree(probe, settings, max_tokens, bounds, max_unseen,
-                                          prune)
+                with self.backend.logprob_session(prompt, lone) as probe:
+                    return self._walk_tree(probe, settings, max_tokens, bounds, max_unseen,
+                                           prune)
             except ProbeError as exc:
-                got = Lookup(None, True, 0, 0, 0, str(exc))
-            found.append(got)
+                return Lookup(None, True, 0, 0, 0, str(exc))
+
+        if side_by_side <= 1:
+            return [session_tree(p, prune) for p, prune in pairs]
+        # Each tree's probes follow one another (each depends on the answers before it);
+        # several trees' probes go to the server at once and share its decodes. Each thread
+        # takes a run of neighbouring prompts of the list (which the caller sorts): a
+        # llama.cpp server gives a request the idle slot whose prompt shares the most with
+        # it, which for a session's next probe is its own slot and for a run's next tree
+        # the slot its predecessor left, not another run's slot that it would take away.
+        cuts = np.linspace(0, len(prompts), side_by_side + 1).astype(int).tolist()
+        found: list[Lookup] = [None] * len(prompts)  # type: ignore[list-item]
+
+        def run(lo: int, hi: int) -> None:
+            for i in range(lo, hi):
+                found[i] = session_tree(prompts[i], prunes[i])
+
+        with ThreadPoolExecutor(side_by_side, thread_name_prefix="answer-tree") as pool:
+            for done in [pool.submit(run, lo, hi) for lo, hi in zip(cuts, cuts[1:], strict=False)]:
+                done.result()
         return found
 
     def _walk_tree(self, probe: Probe, settings: ChainSettings, max_tokens: int,

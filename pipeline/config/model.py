@@ -226,7 +226,9 @@ class _Agents(SamplingSettings):
     reproducible: StrictBool = Field(False, description=(
         "one call per agent, made one at a time from a clean slot (embedded llama.cpp): the "
         "same seed gives the same answers with any `n_parallel`, at the cost of batching. "
-        "Shared answers are reproducible without it"))
+        "Shared answers are reproducible without it, except through a llama.cpp server, "
+        "whose answer trees then run side by side on its slots (with it: one at a time, "
+        "each on slot 0)"))
     max_raw_chars: StrictInt = Field(4096, ge=0, le=2**20, description=(
         "characters of each answer stored in the `raw` column; the number is parsed from the "
         "whole answer, and a longer one is stored as its prefix with `raw_truncated = true`"))

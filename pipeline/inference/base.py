@@ -59,6 +59,11 @@ class OutputConstraint:
     #: The same language as an llguidance grammar: the embedded llama.cpp sends it instead
     #: of ``gbnf`` when its build has llguidance (see ``simpipe.games.answer_format``).
     lark: str | None = None
+    #: Answers of the grammar that no answer extends, each after its leading space
+    #: (``IntegerAnswers.ends``): a server that says which stop string ended a generation
+    #: (llama.cpp's ``/completion``) takes them as stop strings, and the answer ends there
+    #: instead of a decode later, with the end of generation the grammar would force.
+    ends: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -183,9 +188,17 @@ class Backend(abc.ABC):
         ``supports_answer_distributions``."""
         raise NotImplementedError(f"{type(self).__name__} computes no answer distributions")
 
-    def logprob_session(self, prompt: str) -> AbstractContextManager[Any]:
-        """One prompt's ``Probe`` (``simpipe.answers.distribution``). Only where
-        ``supports_answer_distributions``."""
+    #: How many ``logprob_session``s of one process run well side by side when they need
+    #: not be lone (``agents.reproducible`` off): the sessions of a list of prompts then
+    #: run that many at a time (``simpipe.answers.shared``), where a server batches their
+    #: probes together. 1: one after the other.
+    session_concurrency: int = 1
+
+    def logprob_session(self, prompt: str, lone: bool = True) -> AbstractContextManager[Any]:
+        """One prompt's ``Probe`` (``simpipe.answers.distribution``). ``lone``: its numbers
+        must not depend on what else the engine computes meanwhile (the same calls give the
+        same bits on every run); False lets a server place and batch them as it likes. Only
+        where ``supports_answer_distributions``."""
         raise NotImplementedError(f"{type(self).__name__} computes no answer distributions")
 
     def logprob_chain(self, vocab: Any = None, settings: Any = None

@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import itertools
+import math
 import re
 
 import pytest
 
 from simpipe.games.answer_format import (
     ANSWER_MARKER,
+    IntegerAnswers,
     int_patterns,
     number_grammar,
     number_json_schema,
     number_regex,
 )
+from simpipe.games.answers import NumberAnswer
 
 DOCUMENTED_0_100 = (
     'root ::= " "? number\n'
@@ -142,3 +145,22 @@ def test_json_schema() -> None:
         "required": ["number"],
         "additionalProperties": False,
     }
+
+
+@pytest.mark.parametrize(("low", "high"), [(0, 100), (-10, 10), (0, 20), (0.5, 7.2)])
+def test_ends_are_exactly_the_answers_no_answer_extends(low: float, high: float) -> None:
+    # A server stops a generation at an end (a stop string) instead of drawing the end of
+    # generation the grammar forces there: only right where no answer goes on.
+    lang = IntegerAnswers(low, high)
+    answers = [f" {i}" for i in range(math.floor(low), math.ceil(high) + 1)]
+    maximal = [a for a in answers if not any(b != a and b.startswith(a) for b in answers)]
+    assert lang.ends() == tuple(maximal)
+    assert all(lang.is_complete(a) for a in maximal)
+
+
+def test_ends_of_0_to_100_and_where_there_are_none() -> None:
+    assert IntegerAnswers(0, 100).ends() == (" 0", *(f" {i}" for i in range(11, 101)))
+    assert IntegerAnswers(0, 1000).ends() == ()  # a stop string each: over the limit
+    assert NumberAnswer(0, 100).ends() == IntegerAnswers(0, 100).ends()
+    # a chain of thought's reasoning may hold any number
+    assert NumberAnswer(0, 100, cot=True).ends() == ()

@@ -90,6 +90,12 @@ class OpenAIBackend(HttpBackend):
         self.answer_sampler = (llamacpp_next_token if self._llamacpp
                                else vllm_sampler.next_token)
         self._vocabs: dict[frozenset[str], AnswerVocab] = {}
+        # A llama.cpp server's sessions run on as many slots as this process may keep
+        # requests in flight, batched together in its decodes (measured: docs/benchmarks.md,
+        # "Answer trees side by side on a llama.cpp server"). vLLM's stay one at a time: not
+        # measured there, and the emulated fleet prices a server's requests in the order
+        # they come.
+        self.session_concurrency = self._pool.capacity if self._llamacpp else 1
 
     @classmethod
     def shares_answers(cls, settings: Any) -> bool:
@@ -130,14 +136,15 @@ class OpenAIBackend(HttpBackend):
         return vocab
 
     @contextlib.contextmanager
-    def logprob_session(self, prompt: str) -> Iterator[Probe]:
+    def logprob_session(self, prompt: str, lone: bool = True) -> Iterator[Probe]:
         """``probe(path, top_n)`` after ``prompt`` (``llamacpp_logprobs.session`` or
         ``vllm_logprobs.session``). Every request of the session goes to one server (the
         prompt's hash picks it, while it is up): each probe then finds the prompt in that
-        server's prefix cache, where spread over the servers each would evaluate it."""
+        server's prefix cache, where spread over the servers each would evaluate it.
+        ``lone`` matters to llama.cpp's server only (a slot of its own, or any)."""
         post = functools.partial(self._post, prefer=zlib.crc32(prompt.encode()))
         if self._llamacpp:
-            yield from llamacpp_logprobs.session(post, prompt)
+            yield from llamacpp_logprobs.session(post, prompt, lone)
         else:
             yield from vllm_logprobs.session(post, self._model, prompt,
                                              self.settings.max_logprobs)
@@ -171,9 +178,22 @@ class OpenAIBackend(HttpBackend):
             body["stop"] = list(req.stop)
         if req.constraint is not None and self._constraint != "none":
             _add_constraint(body, req.constraint, self._constraint)
+            if (self._llamacpp and path == "/v1/completions" and n == 1 and not req.stop
+                    and req.constraint.ends and "grammar" in body):
+                # llama.cpp's own route says which stop string ended the answer (its
+                # OpenAI route drops it from the text): the answer's last decode, which
+                # only draws the end of generation the grammar forces after a maximal
+                # answer (" 27"), is left out. Measured: 3 tokens generated a request
+                # instead of 4, 14 % more requests a second (docs/benchmarks.md,
+                # "Per-agent answers end at a maximal answer").
+                path = LLAMACPP_COMPLETION
+                body["stop"] = list(req.constraint.ends)
+                del body["model"]
         return path, _dumps(body).encode()
 
     def _decode(self, data: Any, headers: Mapping[str, str]) -> tuple[str, int, int, str | None]:
+        if type(data) is dict and "choices" not in data and self._llamacpp:
+            return decode_llamacpp_answer(data)
         return decode_openai_answer(data)
 
     async def generate_many(self, distinct: Sequence[GenerationRequest], codes: np.ndarray,
@@ -252,6 +272,30 @@ def _choice_index(choice: Any) -> int:
     if type(index) is not int:
         raise MalformedAnswer("a choice has no integer index")
     return index
+
+
+#: llama.cpp's own completion route (per-agent answers that end at a stop string).
+LLAMACPP_COMPLETION = "/completion"
+#: llama.cpp's ``stop_type`` as OpenAI's ``finish_reason``.
+_LLAMACPP_FINISH = {"eos": "stop", "word": "stop", "limit": "length"}
+_LLAMACPP_FIELDS = ("content", "tokens_evaluated", "tokens_predicted", "stop_type")
+
+
+def decode_llamacpp_answer(data: Any) -> tuple[str, int, int, str | None]:
+    """(text, tokens_in, tokens_out, finish_reason) of an answer of llama.cpp's
+    ``/completion``: the text is ``content`` followed by the stop string that ended it
+    (``stopping_word``: the request's only stop strings are the answer's ends, which belong
+    to the answer); ``MalformedAnswer`` naming a field that is missing or of the wrong
+    type."""
+    content, stop_type = data.get("content"), data.get("stop_type")
+    if stop_type == "word":
+        word = data.get("stopping_word")
+        if type(word) is not str or type(content) is not str:
+            raise MalformedAnswer("content or stopping_word is not text")
+        content += word
+    finish = _LLAMACPP_FINISH.get(stop_type, stop_type) if type(stop_type) is str else stop_type
+    return checked_answer(content, data.get("tokens_evaluated", 0),
+                          data.get("tokens_predicted", 0), finish, _LLAMACPP_FIELDS)
 
 
 def decode_openai_answer(data: Any) -> tuple[str, int, int, str | None]:

@@ -255,13 +255,13 @@ class LlamaCppBackend(Backend):
         return found
 
     @contextlib.contextmanager
-    def logprob_session(self, prompt: str) -> Iterator[Probe]:
+    def logprob_session(self, prompt: str, lone: bool = True) -> Iterator[Probe]:
         """Exclusive use of the engine to ask for next-token log-probabilities after
         ``prompt`` followed by token ids; yields ``probe(path, top_n)`` (see ``Probe``).
 
         A chain (``logprob_chain``) of this one prompt through the server: the first call
         decodes the prompt afresh, so a fixed sequence of calls gives bit-identical answers
-        on every run, whatever ran before.
+        on every run, whatever ran before. Always lone: the engine is this process's.
         """
         with self.logprob_chain() as probe_for:
             yield probe_for(prompt)

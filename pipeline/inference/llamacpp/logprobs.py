@@ -15,8 +15,8 @@ llama.cpp's ``tools/server``):
   vocabulary (5,000 asked, 5,000 given). Servers from before late 2024 answered
   ``completion_probabilities[0].probs`` (``tok_str``, post-sampling ``prob``, no ids): refused.
 - ``id_slot`` keeps one session's probes in one slot, so each reuses the prefix the one
-  before it left there (``cache_prompt``); the first probe of a session decodes the prompt
-  afresh, as the embedded chain's first call does.
+  before it left there (``cache_prompt``); the first probe of a lone session decodes the
+  prompt afresh, as the embedded chain's first call does (``session``).
 - ``POST /tokenize`` ``{"content", "add_special": false, "parse_special", "with_pieces":
   true}`` answers ``{"tokens": [{"id", "piece"}]}``.
 
@@ -129,17 +129,27 @@ def _pieces(answer: Any) -> list[tuple[int, Any]]:
             for i, t in enumerate(tokens)]
 
 
-def session(post: Post, prompt: str, slot: int = LONE_SLOT) -> Iterator[Probe]:
+def session(post: Post, prompt: str, lone: bool = True) -> Iterator[Probe]:
     """``probe(path, top_n)`` for one prompt (see ``simpipe.inference.types.Probe``): one
-    ``/completion`` per call, the first with the prompt decoded afresh."""
-    fresh = True
+    ``/completion`` per call.
+
+    ``lone``: every call on ``LONE_SLOT``, the first with the prompt decoded afresh, so that
+    a fixed sequence of calls gives the same bits on every run (while nothing else runs on
+    the server: its batches are not batch-invariant). Otherwise the server picks the slot,
+    which is the idle one whose cached prompt shares the most with the call's (for a
+    session's later calls, the slot its previous call left), and every call builds on what
+    that slot holds: sessions run side by side on as many slots and share the server's
+    decodes, and the first call evaluates only what the prompt does not share with a
+    cached one (the rules, the persona)."""
+    fresh = lone
+    pinned = {"id_slot": LONE_SLOT} if lone else {}
 
     def probe(path: tuple[int, ...], top_n: int) -> tuple[TopLogprobs, int, int]:
         nonlocal fresh
         answer = post("/completion", {
             "prompt": [prompt, *path], "max_tokens": 1, "n_probs": top_n,
             "temperature": 1.0, "top_k": 1, "seed": 0, "cache_prompt": not fresh,
-            "id_slot": slot})
+            **pinned})
         fresh = False  # the slot now holds this prompt: later probes build on it
         return top_logprobs(answer)
 

@@ -4,11 +4,14 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import pytest
 
+from simpipe.games.answers import NumberAnswer
+from simpipe.inference.answer_checks import MalformedAnswer
 from simpipe.inference.base import GenerationRequest, OutputConstraint
-from simpipe.inference.http.openai_compat import OpenAIBackend
+from simpipe.inference.http.openai_compat import OpenAIBackend, decode_llamacpp_answer
 from simpipe.inference.settings import OpenAISettings
 from simpipe.servers.llamacpp_server import LlamaCppProcess
 from simpipe.servers.stub import StubServer
@@ -130,6 +133,25 @@ def test_400_is_not_retried_and_keeps_the_message():
     assert len(recs) == 2
 
 
+def test_llamacpp_answers_are_read_with_the_stop_string_that_ended_them():
+    # llama.cpp's own route leaves the stop string out of ``content`` and names it apart;
+    # the only stop strings it is sent are the answer's ends, which belong to the answer.
+    def answer(**fields):
+        return {"content": "", "tokens_evaluated": 175, "tokens_predicted": 3, **fields}
+
+    assert decode_llamacpp_answer(answer(stop_type="word", stopping_word=" 27")) == (
+        " 27", 175, 3, "stop")
+    assert decode_llamacpp_answer(answer(content=" 5", stop_type="eos", stopping_word="")
+                                  ) == (" 5", 175, 3, "stop")
+    assert decode_llamacpp_answer(answer(content=" 10", stop_type="limit"))[3] == "length"
+    for bad in (answer(stop_type="word", stopping_word=27),
+                answer(content=None, stop_type="eos"),
+                answer(content=" 5", stop_type="eos", tokens_predicted=-1),
+                answer(content=" 5", stop_type=["eos"])):
+        with pytest.raises(MalformedAnswer):
+            decode_llamacpp_answer(bad)
+
+
 # --- real llama.cpp servers -------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -190,6 +212,40 @@ def test_lark_samples_what_gbnf_samples_seed_for_seed(llama):
     gbnf, lark = asyncio.run(answers("grammar")), asyncio.run(answers("lark"))
     assert gbnf == lark
     assert len(set(gbnf)) > 5, gbnf  # a spread of answers, not one forced by the grammar
+
+
+@pytest.mark.llm
+def test_answers_that_no_answer_extends_end_a_decode_sooner_with_the_same_draws(llama):
+    # To a known llama.cpp server the game's answer goes with its ends (" 0", " 11" to
+    # " 100") as stop strings on llama.cpp's own route: a maximal answer ends there instead
+    # of a decode later, with the end of generation the grammar forces. One request at a
+    # time on one prompt, as above, so a seed draws the same tokens either way: the same
+    # answers, each maximal one a token shorter.
+    number = NumberAnswer(0, 100)
+    plain = OutputConstraint(gbnf=number.grammar(), lark=number.lark())
+    ending = dataclasses.replace(plain, ends=number.ends())
+
+    async def answers(constraint: OutputConstraint) -> list:
+        backend = _backend(llama.url, constraint="lark", max_concurrency=1,
+                           answer_distributions="llamacpp")
+        try:
+            reqs = [GenerationRequest(prompt=PROMPT.format(i=41), seed=s, max_tokens=6,
+                                      constraint=constraint) for s in (999, *range(40))]
+            results = await backend.generate(reqs)
+        finally:
+            await backend.aclose()
+        assert all(r.status == "ok" for r in results), [r.error for r in results]
+        return results[1:]  # the first one warms the slot's cache
+
+    full, ended = asyncio.run(answers(plain)), asyncio.run(answers(ending))
+    assert [r.text for r in ended] == [r.text for r in full]
+    assert len({r.text for r in full}) > 5  # a spread of answers
+    maximal = [r.text in number.ends() for r in full]
+    assert sum(maximal) >= 10
+    for was, now, stops in zip(full, ended, maximal, strict=True):
+        assert now.tokens_out == was.tokens_out - stops
+        assert now.finish_reason == was.finish_reason == "stop"
+        assert now.tokens_in == was.tokens_in > 0
 
 
 @pytest.mark.slow
