@@ -92,7 +92,8 @@ class OpenAIBackend(HttpBackend):
         self._vocabs: dict[frozenset[str], AnswerVocab] = {}
         # A llama.cpp server's sessions run on as many slots as this process may keep
         # requests in flight, batched together in its decodes (measured: docs/benchmarks.md,
-        # "Answer trees side by side on a llama.cpp server"). vLLM's stay one at a time: not
+        # "Answer trees side by side, answers ended at a maximal answer on a llama.cpp
+        # server"). vLLM's stay one at a time: not
         # measured there, and the emulated fleet prices a server's requests in the order
         # they come.
         self.session_concurrency = self._pool.capacity if self._llamacpp else 1
@@ -184,8 +185,8 @@ class OpenAIBackend(HttpBackend):
                 # OpenAI route drops it from the text): the answer's last decode, which
                 # only draws the end of generation the grammar forces after a maximal
                 # answer (" 27"), is left out. Measured: 3 tokens generated a request
-                # instead of 4, 14 % more requests a second (docs/benchmarks.md,
-                # "Per-agent answers end at a maximal answer").
+                # instead of 4, 14-21 % more requests a second (docs/benchmarks.md,
+                # "Answer trees side by side, answers ended at a maximal answer ...").
                 path = LLAMACPP_COMPLETION
                 body["stop"] = list(req.constraint.ends)
                 del body["model"]
