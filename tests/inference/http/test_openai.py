@@ -10,7 +10,7 @@ import pytest
 
 from simpipe.games.answers import NumberAnswer
 from simpipe.inference.answer_checks import MalformedAnswer
-from simpipe.inference.base import GenerationRequest, OutputConstraint
+from simpipe.inference.base import GenerationRequest, GenerationResult, OutputConstraint
 from simpipe.inference.http.openai_compat import OpenAIBackend, decode_llamacpp_answer
 from simpipe.inference.settings import OpenAISettings
 from simpipe.servers.llamacpp_server import LlamaCppProcess
@@ -190,6 +190,24 @@ def test_grammar_gives_integers_0_to_100_with_usage(llama):
     assert counters[llama.url]["tokens_out"] == sum(r.tokens_out for r in results)
 
 
+def _seed_by_seed(url: str, answer: OutputConstraint, max_tokens: int,
+                  **opts) -> list[GenerationResult]:
+    """One prompt's answers for seeds 0..39, one request at a time (the first, seed 999,
+    warms the slot's cache and is left out)."""
+    async def go() -> list[GenerationResult]:
+        backend = _backend(url, max_concurrency=1, **opts)
+        try:
+            return await backend.generate([
+                GenerationRequest(prompt=PROMPT.format(i=41), seed=s, max_tokens=max_tokens,
+                                  constraint=answer) for s in (999, *range(40))])
+        finally:
+            await backend.aclose()
+
+    results = asyncio.run(go())
+    assert all(r.status == "ok" for r in results), [r.error for r in results]
+    return results[1:]
+
+
 @pytest.mark.llm
 def test_lark_samples_what_gbnf_samples_seed_for_seed(llama):
     # The llguidance form masks the same tokens as the GBNF grammar, so with the same seed
@@ -197,19 +215,8 @@ def test_lark_samples_what_gbnf_samples_seed_for_seed(llama):
     # time on one prompt: each re-evaluates only the prompt's last token, the same arithmetic
     # for both forms.
     c = OutputConstraint(gbnf=GBNF, lark=LARK)
-
-    async def answers(mode: str) -> list[str]:
-        backend = _backend(llama.url, constraint=mode, max_concurrency=1)
-        try:
-            reqs = [GenerationRequest(prompt=PROMPT.format(i=41), seed=s, max_tokens=4,
-                                      constraint=c) for s in (999, *range(40))]
-            results = await backend.generate(reqs)
-        finally:
-            await backend.aclose()
-        assert all(r.status == "ok" for r in results), [r.error for r in results]
-        return [r.text for r in results[1:]]  # the first one warms the slot's cache
-
-    gbnf, lark = asyncio.run(answers("grammar")), asyncio.run(answers("lark"))
+    gbnf = [r.text for r in _seed_by_seed(llama.url, c, 4, constraint="grammar")]
+    lark = [r.text for r in _seed_by_seed(llama.url, c, 4, constraint="lark")]
     assert gbnf == lark
     assert len(set(gbnf)) > 5, gbnf  # a spread of answers, not one forced by the grammar
 
@@ -224,20 +231,9 @@ def test_answers_that_no_answer_extends_end_a_decode_sooner_with_the_same_draws(
     number = NumberAnswer(0, 100)
     plain = OutputConstraint(gbnf=number.grammar(), lark=number.lark())
     ending = dataclasses.replace(plain, ends=number.ends())
-
-    async def answers(constraint: OutputConstraint) -> list:
-        backend = _backend(llama.url, constraint="lark", max_concurrency=1,
-                           answer_distributions="llamacpp")
-        try:
-            reqs = [GenerationRequest(prompt=PROMPT.format(i=41), seed=s, max_tokens=6,
-                                      constraint=constraint) for s in (999, *range(40))]
-            results = await backend.generate(reqs)
-        finally:
-            await backend.aclose()
-        assert all(r.status == "ok" for r in results), [r.error for r in results]
-        return results[1:]  # the first one warms the slot's cache
-
-    full, ended = asyncio.run(answers(plain)), asyncio.run(answers(ending))
+    opts = {"constraint": "lark", "answer_distributions": "llamacpp"}
+    full = _seed_by_seed(llama.url, plain, 6, **opts)
+    ended = _seed_by_seed(llama.url, ending, 6, **opts)
     assert [r.text for r in ended] == [r.text for r in full]
     assert len({r.text for r in full}) > 5  # a spread of answers
     maximal = [r.text in number.ends() for r in full]
