@@ -93,9 +93,8 @@ class OpenAIBackend(HttpBackend):
         # A llama.cpp server's sessions run on as many slots as this process may keep
         # requests in flight, batched together in its decodes (measured: docs/benchmarks.md,
         # "Answer trees side by side, answers ended at a maximal answer on a llama.cpp
-        # server"). vLLM's stay one at a time: not
-        # measured there, and the emulated fleet prices a server's requests in the order
-        # they come.
+        # server"). vLLM's stay one at a time: not measured there, and the emulated fleet
+        # prices a server's requests in the order they come.
         self.session_concurrency = self._pool.capacity if self._llamacpp else 1
 
     @classmethod
