@@ -400,7 +400,7 @@ class IntegerAnswers:
         can only end there, so a server may stop it at once instead of decoding one more
         token to draw the end of generation the grammar forces. Empty for a range of more
         than ``limit`` integers (a stop string each)."""
-        lo, hi = (math.floor(b) for b in self._bounds)
+        lo, hi = self._bounds  # rounded outward, as the grammar rounds them
         if hi - lo + 1 > limit:
             return ()
         extend = sorted(self.alphabet - {" "})

@@ -17,6 +17,14 @@ REPO = Path(__file__).resolve().parents[1]
 SCRIPTED = REPO / "examples" / "scripted.toml"
 
 
+def total_variation(a, b) -> float:
+    """Total variation between two answer distributions (``texts``, ``probs``): an answer
+    one of them lacks counts with probability 0 there."""
+    pa = dict(zip(a.texts, a.probs.tolist(), strict=True))
+    pb = dict(zip(b.texts, b.probs.tolist(), strict=True))
+    return 0.5 * sum(abs(pa.get(t, 0.0) - pb.get(t, 0.0)) for t in set(pa) | set(pb))
+
+
 def simpipe_cli(*args: str, cwd: Path = REPO,
                 env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """``simpipe ARGS`` in a process of its own, as a user runs it."""

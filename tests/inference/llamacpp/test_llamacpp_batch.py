@@ -38,6 +38,8 @@ from simpipe.inference.llamacpp.batch import (
 from simpipe.inference.settings import LlamaCppSettings
 from simpipe.inference.types import ChainSettings, ProbeError
 
+from support import total_variation
+
 LANG = IntegerAnswers(0, 100)
 PLAIN = ChainSettings(1.0)
 MAX_TOKENS = 6
@@ -74,11 +76,6 @@ def _same(a: AnswerDistribution, b: AnswerDistribution) -> bool:
     return a.texts == b.texts and np.array_equal(a.probs, b.probs)
 
 
-def _tv(a: AnswerDistribution, b: AnswerDistribution) -> float:
-    pa, pb = dict(zip(a.texts, a.probs, strict=True)), dict(zip(b.texts, b.probs, strict=True))
-    return 0.5 * sum(abs(pa.get(k, 0.0) - pb.get(k, 0.0)) for k in set(pa) | set(pb))
-
-
 def test_the_groups_depend_on_the_prompts_and_sizes_only():
     """Groups of ``n_seq`` prompts in list order, each with the cells it may hold (its
     trie, its probes' room, a prefix carried); one that would not fit the pool is halved
@@ -103,7 +100,7 @@ def test_batched_trees_repeat_bit_for_bit_and_match_the_chain(backend):
     again = _batched(backend, prompts)
     chained = _chained(backend, prompts)
     assert all(_same(a, b) for a, b in zip(batched, again, strict=True))
-    gaps = [_tv(a, c) for a, c in zip(batched, chained, strict=True)]
+    gaps = [total_variation(a, c) for a, c in zip(batched, chained, strict=True)]
     assert max(gaps) <= TOLERANCE, gaps
     # The batches evaluate what the chain does: each prompt's tokens not shared with the
     # one before it (a group's trie, the prefix carried between groups), then the probes.

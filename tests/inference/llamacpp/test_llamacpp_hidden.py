@@ -43,6 +43,8 @@ from simpipe.inference.llamacpp.model_files import ModelFileError, default_model
 from simpipe.inference.settings import LlamaCppSettings
 from simpipe.inference.types import ChainSettings
 
+from support import total_variation
+
 LANG = IntegerAnswers(0, 100)
 PLAIN = ChainSettings(1.0)
 
@@ -94,9 +96,7 @@ def test_exact_trees_equal_the_servers_and_repeat_bit_for_bit(backend):
     server = trees()
     exact = trees(vocab, PLAIN)
     for s, e in zip(server, exact, strict=True):
-        got = dict(zip(e.texts, e.probs, strict=True))
-        want = dict(zip(s.texts, s.probs, strict=True))
-        tv = 0.5 * sum(abs(got.get(t, 0) - want.get(t, 0)) for t in set(got) | set(want))
+        tv = total_variation(e, s)
         assert e.unseen_mass == 0.0 and tv <= s.unseen_mass + 1e-5, tv
         assert e.calls == s.calls > 10
     # the first prompt is decoded whole, the next ones only past their shared prefix
@@ -152,10 +152,6 @@ def test_an_unchecked_xllamacpp_release_is_refused_before_any_struct_is_passed(m
         llamacpp_hidden.llama_api()
 
 
-def _total_variation(got, want) -> float:
-    a = dict(zip(got.texts, got.probs, strict=True))
-    b = dict(zip(want.texts, want.probs, strict=True))
-    return 0.5 * sum(abs(a.get(t, 0) - b.get(t, 0)) for t in set(a) | set(b))
 
 
 @pytest.mark.llm
@@ -243,7 +239,7 @@ def test_any_failure_of_the_exact_path_falls_back_with_one_warning(monkeypatch, 
         with b.logprob_chain() as probe_for:
             want = [answer_distribution(probe_for(p), LANG, vocab, PLAIN, 4) for p in prompts]
         for g, w in zip(got, want, strict=True):
-            assert len(g.texts) > 10 and _total_variation(g, w) <= w.unseen_mass + 1e-5
+            assert len(g.texts) > 10 and total_variation(g, w) <= w.unseen_mass + 1e-5
     finally:
         asyncio.run(b.aclose())
 

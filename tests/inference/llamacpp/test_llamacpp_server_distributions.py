@@ -24,6 +24,8 @@ from simpipe.inference.settings import LlamaCppSettings, OpenAISettings
 from simpipe.inference.types import ChainSettings, ProbeError
 from simpipe.servers.llamacpp_server import LlamaCppProcess
 
+from support import total_variation
+
 PROMPT = "Pick a number between 0 and 100; the winner is closest to 2/3 of the average. Mine:"
 MAX_TOKENS = 4
 LANG = IntegerAnswers(0, 100)
@@ -90,11 +92,9 @@ def test_distribution_over_http_equals_the_embedded_engines():
     assert sum(p == "0" for p in vocab.pieces.values()) == 2  # "0" and the byte <0x30>
     assert remote.texts == again.texts and np.array_equal(remote.probs, again.probs)
     assert remote.calls == local.calls > 10 and remote.tokens_in > 0
-    got = dict(zip(remote.texts, remote.probs.tolist(), strict=True))
-    want = dict(zip(local.texts, local.probs.tolist(), strict=True))
-    tv = 0.5 * sum(abs(got.get(t, 0) - want.get(t, 0)) for t in set(got) | set(want))
+    tv = total_variation(remote, local)
     assert tv <= remote.unseen_mass + local.unseen_mass + 1e-6, (tv, remote.unseen_mass)
-    assert len(got) > 20  # a real spread, not one answer
+    assert len(remote.texts) > 20  # a real spread, not one answer
     assert found.distribution is not None and found.calls == remote.calls
 
 
@@ -160,12 +160,6 @@ class _Watched:
                 self.in_flight -= 1
 
 
-def _tv(a: AnswerDistribution, b: AnswerDistribution) -> float:
-    pa = dict(zip(a.texts, a.probs.tolist(), strict=True))
-    pb = dict(zip(b.texts, b.probs.tolist(), strict=True))
-    return 0.5 * sum(abs(pa.get(t, 0) - pb.get(t, 0)) for t in set(pa) | set(pb))
-
-
 @pytest.mark.slow
 @pytest.mark.llm
 def test_trees_run_side_by_side_on_the_servers_slots_unless_lone():
@@ -199,8 +193,9 @@ def test_trees_run_side_by_side_on_the_servers_slots_unless_lone():
     for a, b in zip(lone, side, strict=True):
         assert a.distribution is not None and b.distribution is not None
         assert a.calls > 10 and b.calls > 10
-        assert _tv(a.distribution, b.distribution) <= BATCH_TV
-    apart = [_tv(a.distribution, b.distribution) for a, b in zip(lone, lone[1:], strict=False)]
+        assert total_variation(a.distribution, b.distribution) <= BATCH_TV
+    apart = [total_variation(a.distribution, b.distribution)
+             for a, b in zip(lone, lone[1:], strict=False)]
     assert min(apart) > 2.5 * BATCH_TV, apart
 
 
