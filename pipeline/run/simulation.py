@@ -52,6 +52,7 @@ from simpipe.personas.sampling import partition_bounds
 from simpipe.run.console import Console
 from simpipe.run.estimate import report_estimate
 from simpipe.run.executor import Executor, OwnClientExecutor, executor_for
+from simpipe.run.model_prep import prepare_default_model
 from simpipe.run.planned_round import plan_round
 from simpipe.run.population import ensure_population
 from simpipe.run.quiet_teardown import QuietTeardown
@@ -209,6 +210,7 @@ def _run(executor: Executor, config: Config, resume: bool, force: bool, console:
 
 def _run_rounds(client: Client, config: Config, paths: RunPaths, ledger: Ledger,
                 console: Console, observer: RoundObserver, watch: ProgressWatch) -> RunResult:
+    prepare_default_model(config, console.line, console.warn)
     t0 = time.perf_counter()
     bar = console.progress(config.population.n_partitions, "population")
     ensure_population(client, config, paths, on_progress=lambda done, n: bar.update(1),

