@@ -9,6 +9,11 @@ runs (a LocalCluster, SLURM jobs). A task sends at most one event every ``MIN_IN
 (and one when it ends); each event carries the task's cumulative counts, so a lost or
 repeated event never miscounts, and a retried task simply starts its counts again.
 
+The round plan's tasks (``simpipe.run.planned_round``) report the same way under the stage
+``plan``, keyed by their chunk: ``distinct`` counts the prompts whose answers they have
+computed, so that the plan's progress and ETA move while a chunk of 256 prompts runs, not
+only when it ends.
+
 Outside a reporting task (a unit test, the bench's in-process calls) ``report_agents`` does
 nothing.
 """
@@ -28,6 +33,9 @@ if TYPE_CHECKING:  # distributed is loaded where a task reports: `simpipe valida
 #: At most one event per task this often: a million-agent round sends a few hundred events.
 MIN_INTERVAL_S = 0.5
 
+#: The stages a task reports from: a partition playing its agents, a round plan's chunk.
+PLAY, PLAN = "play", "plan"
+
 _local = threading.local()  # the reporter of the task running in this thread, if any
 
 
@@ -44,10 +52,12 @@ class TaskReporter:
     """One task's cumulative counts, sent as an event now and then; thread-safe, so code
     running on the process's event loop may add to it too (``current_reporter``)."""
 
-    def __init__(self, topic: str, round_index: int, partition: int, send: object) -> None:
+    def __init__(self, topic: str, round_index: int, partition: int, send: object,
+                 stage: str = PLAY) -> None:
         self.topic = topic
         self.round_index = round_index
-        self.partition = partition
+        self.partition = partition  # or the chunk, for the plan's stage
+        self.stage = stage
         self.counts = AgentCounts()
         self._send = send
         self._lock = threading.Lock()
@@ -78,14 +88,16 @@ class TaskReporter:
 
     def _message(self) -> dict:
         c = self.counts
-        return {"round": self.round_index, "partition": self.partition,
+        return {"round": self.round_index, "partition": self.partition, "stage": self.stage,
                 "agents": c.agents, "distinct": c.distinct, "calls": c.calls}
 
 
 @contextmanager
-def reporting(topic: str, round_index: int, partition: int) -> Iterator[TaskReporter | None]:
+def reporting(topic: str, round_index: int, partition: int,
+              stage: str = PLAY) -> Iterator[TaskReporter | None]:
     """Within this block, ``report_agents`` in this thread reports to ``topic`` (on a Dask
-    worker only; elsewhere, or with no topic, it yields None and nothing is sent)."""
+    worker only; elsewhere, or with no topic, it yields None and nothing is sent); the
+    plan's tasks pass ``stage=PLAN`` and their chunk as ``partition``."""
     from distributed import get_worker
 
     try:
@@ -96,7 +108,7 @@ def reporting(topic: str, round_index: int, partition: int) -> Iterator[TaskRepo
         yield None
         return
     reporter = TaskReporter(topic, round_index, partition,
-                            lambda message: worker.log_event(topic, message))
+                            lambda message: worker.log_event(topic, message), stage)
     outer = getattr(_local, "reporter", None)
     _local.reporter = reporter
     try:
@@ -121,20 +133,22 @@ def report_agents(n: int, distinct: int = 0, calls: int = 0) -> None:
 
 
 class ProgressWatch:
-    """The client's side: the latest counts of each partition's task, per round, from the
-    events of ``topic`` (handled on the client's event loop, read from the round loop)."""
+    """The client's side: the latest counts of each partition's task (and of each of the
+    round plan's chunks), per round, from the events of ``topic`` (handled on the client's
+    event loop, read from the round loop)."""
 
     def __init__(self, client: Client, topic: str) -> None:
         self.client = client
         self.topic = topic
         self._lock = threading.Lock()
-        self._latest: dict[tuple[int, int], AgentCounts] = {}
+        self._latest: dict[tuple[str, int, int], AgentCounts] = {}
         client.subscribe_topic(topic, self._on_event)
 
     def _on_event(self, event: tuple[float, dict]) -> None:
         _, message = event
         try:
-            key = (int(message["round"]), int(message["partition"]))
+            key = (str(message.get("stage", PLAY)), int(message["round"]),
+                   int(message["partition"]))
             counts = AgentCounts(int(message["agents"]), int(message["distinct"]),
                                  int(message["calls"]))
         except (KeyError, TypeError, ValueError):
@@ -142,14 +156,16 @@ class ProgressWatch:
         with self._lock:
             self._latest[key] = counts
 
-    def reported(self, round_index: int) -> dict[int, AgentCounts]:
-        """Partition -> its task's latest counts in round ``round_index``."""
+    def reported(self, round_index: int, stage: str = PLAY) -> dict[int, AgentCounts]:
+        """Partition (or, for ``PLAN``, chunk) -> its task's latest counts in round
+        ``round_index``."""
         with self._lock:
-            return {k: c for (r, k), c in self._latest.items() if r == round_index}
+            return {k: c for (s, r, k), c in self._latest.items()
+                    if r == round_index and s == stage}
 
     def forget(self, round_index: int) -> None:
         with self._lock:
-            self._latest = {key: c for key, c in self._latest.items() if key[0] != round_index}
+            self._latest = {key: c for key, c in self._latest.items() if key[1] != round_index}
 
     def close(self) -> None:
         """Stop the scheduler sending this topic's events (a shared client runs on)."""

@@ -219,6 +219,10 @@ class Layout:
         return ([c.size * TREE_PROMPT_S for c in self.chunks]
                 + [c.size * WALK_PROMPT_S for c in self.walk_chunks])
 
+    def chunk_prompts(self) -> list[int]:
+        """The prompts of each stage-2 task, in ``chunk_work``'s order."""
+        return [c.size for c in self.chunks + self.walk_chunks]
+
 
 def layout(tallies: Sequence[PromptTally], min_agents: int,
            chunk_prompts: int | None = None, lazy_walks: bool = False,

@@ -244,7 +244,8 @@ class SharedAnswers:
 
     def compute_chain(self, prompts: list[str], settings: ChainSettings, max_tokens: int,
                       bounds: tuple[float, float], max_unseen: float,
-                      agents: Sequence[int] | None = None) -> list[Lookup]:
+                      agents: Sequence[int] | None = None,
+                      on_result: Callable[[int, Lookup], None] | None = None) -> list[Lookup]:
         """Full distributions of ``prompts``, in this order, as one chain of probes where the
         back-end has one (``logprob_chain``): each prompt is evaluated on top of the prefix
         its predecessor left, so it costs its distinct suffix; where it evaluates prompts
@@ -252,10 +253,12 @@ class SharedAnswers:
         batches fixed by the list. The numbers then depend on the list (its order and
         contents), so they are never cached: the caller (the round plan) makes the list the
         same on every run. ``agents``: how many agents of the
-        round draw from each prompt; its tree leaves out what ``prune_below`` says."""
+        round draw from each prompt; its tree leaves out what ``prune_below`` says.
+        ``on_result(i, lookup)`` as each prompt is done (from any thread)."""
         prunes = ([prune_below(k) for k in agents] if agents is not None
                   else [PRUNE_BELOW] * len(prompts))
-        return self._trees(prompts, prunes, settings, max_tokens, bounds, max_unseen)
+        return self._trees(prompts, prunes, settings, max_tokens, bounds, max_unseen,
+                           on_result)
 
     def walk_chain(self, prompts: Sequence[str], uniforms: Sequence[np.ndarray],
                    shape: TreeShape, settings: ChainSettings, max_unseen: float,
@@ -289,8 +292,8 @@ class SharedAnswers:
         return walked
 
     def _trees(self, prompts: list[str], prunes: list[float], settings: ChainSettings,
-               max_tokens: int, bounds: tuple[float, float], max_unseen: float
-               ) -> list[Lookup]:
+               max_tokens: int, bounds: tuple[float, float], max_unseen: float,
+               on_result: Callable[[int, Lookup], None] | None = None) -> list[Lookup]:
         """The trees of ``prompts`` in one chain where the back-end has one (the embedded
         engine: exact answer logits where the settings allow), else one session each (lone
         and one after the other, or side by side: ``lone_sessions``).
@@ -308,31 +311,39 @@ class SharedAnswers:
                 return self.backend.probe_each(
                     prompts, lambda i, probe: self._walk_tree(
                         probe, settings, max_tokens, bounds, max_unseen, prunes[i]),
-                    vocab, settings)
+                    vocab, settings, on_result=on_result)
             except ProbeError as exc:
                 return [Lookup(None, True, 0, 0, 0, str(exc)) for _ in prompts]
         if self.backend.chains_probes:
             try:
                 vocab = self.backend.answer_vocab(
                     IntegerAnswers(*bounds).alphabet)
+                trees: list[Lookup] = []
                 with self.backend.logprob_chain(vocab, settings) as probe_for:
-                    return [self._walk_tree(probe_for(p), settings, max_tokens, bounds,
-                                            max_unseen, prune) for p, prune in pairs]
+                    for p, prune in pairs:
+                        trees.append(self._walk_tree(probe_for(p), settings, max_tokens,
+                                                     bounds, max_unseen, prune))
+                        if on_result is not None:
+                            on_result(len(trees) - 1, trees[-1])
+                return trees
             except ProbeError as exc:
                 return [Lookup(None, True, 0, 0, 0, str(exc)) for _ in prompts]
         lone = self.lone_sessions
         side_by_side = 1 if lone else min(self.backend.session_concurrency, len(prompts))
 
-        def session_tree(prompt: str, prune: float) -> Lookup:
+        def session_tree(i: int) -> Lookup:
             try:
-                with self.backend.logprob_session(prompt, lone) as probe:
-                    return self._walk_tree(probe, settings, max_tokens, bounds, max_unseen,
-                                           prune)
+                with self.backend.logprob_session(prompts[i], lone) as probe:
+                    tree = self._walk_tree(probe, settings, max_tokens, bounds, max_unseen,
+                                           prunes[i])
             except ProbeError as exc:
-                return Lookup(None, True, 0, 0, 0, str(exc))
+                tree = Lookup(None, True, 0, 0, 0, str(exc))
+            if on_result is not None:
+                on_result(i, tree)
+            return tree
 
         if side_by_side <= 1:
-            return [session_tree(p, prune) for p, prune in pairs]
+            return [session_tree(i) for i in range(len(prompts))]
         # Each tree's probes follow one another (each depends on the answers before it);
         # several trees' probes go to the server at once and share its decodes. Each thread
         # takes a run of neighbouring prompts of the list (which the caller sorts): a
@@ -344,7 +355,7 @@ class SharedAnswers:
 
         def run(lo: int, hi: int) -> None:
             for i in range(lo, hi):
-                found[i] = session_tree(prompts[i], prunes[i])
+                found[i] = session_tree(i)
 
         with ThreadPoolExecutor(side_by_side, thread_name_prefix="answer-tree") as pool:
             for done in [pool.submit(run, lo, hi) for lo, hi in zip(cuts, cuts[1:], strict=False)]:

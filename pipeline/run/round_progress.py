@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from simpipe.agents.progress import ProgressWatch
+from simpipe.agents.progress import PLAN, AgentCounts, ProgressWatch
 from simpipe.run.console import Console
 from simpipe.run.round_task import PartitionOutcome
 from simpipe.store.ledger import Ledger
@@ -49,19 +49,41 @@ class RoundSnapshot:
         return (self.agents_total - self.agents_done) / rate if rate else None
 
 
+#: Running tasks' reports give an ETA only from this share of the work on: a task's first
+#: prompts carry its start (the model loaded, the rules decoded), and an estimate from them
+#: alone said 958 s for a round that took 22 s (the 1,000-agent quickstart's round 3).
+EARLY_SHARE = 0.02
+
+
 class TaskWork:
     """How much of a set of tasks is done, each task weighted by its expected work (the
     round plan's chunks: 256 walked prompts are not the wait of 5 full trees), and the ETA
     that follows: the time so far scaled by the work left over the work done. Counting
-    tasks instead made the ETA jump: the small chunks end first and promise a quick end."""
+    tasks instead made the ETA jump: the small chunks end first and promise a quick end.
+    A running task that reports its prompts (``advance``) counts for the share it has done:
+    a round of 4 walk tasks on 2 workers otherwise showed nothing until half was over."""
 
     def __init__(self, weights: Sequence[float]) -> None:
         self.weights = [max(float(w), 0.0) for w in weights]
         self.total = sum(self.weights)
-        self.done = 0.0
+        self._finished: set[int] = set()
+        self._share: dict[int, float] = {}  # of each running task that reported progress
 
     def finish(self, index: int) -> None:
-        self.done += self.weights[index]
+        self._finished.add(index)
+        self._share.pop(index, None)
+
+    def advance(self, index: int, share: float) -> None:
+        """Task ``index``, still running, has done ``share`` (0 to 1) of its work; a task
+        already finished stays whole, and a share never goes back (a report may come late)."""
+        if index not in self._finished:
+            self._share[index] = max(self._share.get(index, 0.0), min(max(share, 0.0), 1.0))
+
+    @property
+    def done(self) -> float:
+        """The work done: the finished tasks' and the reported shares of the running ones."""
+        return (sum(self.weights[i] for i in self._finished)
+                + sum(self.weights[i] * share for i, share in self._share.items()))
 
     @property
     def fraction(self) -> float:
@@ -69,10 +91,12 @@ class TaskWork:
         return min(self.done / self.total, 1.0) if self.total > 0 else 1.0
 
     def eta(self, elapsed_s: float) -> float | None:
-        """Seconds left; None before any work is done."""
-        if self.done <= 0.0:
+        """Seconds left; None before a task has finished or ``EARLY_SHARE`` of the work is
+        done."""
+        done = self.done
+        if done <= 0.0 or (not self._finished and done < EARLY_SHARE * self.total):
             return None
-        return max(self.total - self.done, 0.0) * elapsed_s / self.done
+        return max(self.total - done, 0.0) * elapsed_s / done
 
 
 def format_eta(seconds: float | None) -> str:
@@ -122,6 +146,10 @@ class RoundMeter:
                                          time.perf_counter() - self.started, eta_s,
                                          len(self.sizes), sum(self.sizes), force=force,
                                          work_done=work_done)
+
+    def plan_reports(self) -> dict[int, AgentCounts]:
+        """The round plan's running chunks' latest counts (``distinct``: prompts done)."""
+        return self.watch.reported(self.round, PLAN) if self.watch is not None else {}
 
     def playing(self) -> None:
         """The round plan is done and the partitions are submitted: the rate counts from

@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,7 +30,7 @@ import pyarrow.parquet as pq
 from distributed import Client, Future, as_completed
 
 from simpipe.agents.mix import round_split, round_text
-from simpipe.agents.progress import ProgressWatch
+from simpipe.agents.progress import AgentCounts, ProgressWatch
 from simpipe.agents.registry import close_engines_on_shutdown, process_counters
 from simpipe.answers.capabilities import (
     backend_supports_distributions,
@@ -273,10 +273,10 @@ def _play_round(client: Client, config: Config, paths: RunPaths, meter: RoundMet
         # once and spread over the workers.
         t_plan = time.perf_counter()
         plan = plan_round(client, config, jobs, feedback_future, f"round-{r}-{token}",
-                          lambda futures, label, work=None: _await(
+                          lambda futures, label, work, prompts: await_plan_tasks(
                               client, futures, f"round {r + 1}/{config.game.rounds} {label}",
                               paths, meter.console, functools.partial(meter.planning, label),
-                              work))
+                              work, prompts, meter.plan_reports))
         plan_s = time.perf_counter() - t_plan
     meter.playing()
     futures = [
@@ -311,36 +311,48 @@ def _play_round(client: Client, config: Config, paths: RunPaths, meter: RoundMet
     return sorted(outcomes, key=lambda o: o.partition), numbers
 
 
-#: ``on_progress(tasks_done, tasks_total, eta_s, work_done, force=...)`` of ``_await``.
+#: ``on_progress(tasks_done, tasks_total, eta_s, work_done, force=...)`` of ``await_plan_tasks``.
 PlanProgressSink = Callable[..., None]
 
 
-def _await(client: Client, futures: list[Future], label: str, paths: RunPaths,
-           console: Console, on_progress: PlanProgressSink | None = None,
-           work: Sequence[float] | None = None) -> None:
+def await_plan_tasks(client: Client, futures: list[Future], label: str, paths: RunPaths,
+                     console: Console, on_progress: PlanProgressSink | None = None,
+                     work: Sequence[float] | None = None, prompts: Sequence[int] | None = None,
+                     reports: Callable[[], Mapping[int, AgentCounts]] | None = None) -> None:
     """Wait for a round's planning tasks, with a progress bar and, every ``LINE_EVERY_S``, a
     line with the tasks done and an ETA (a batch job's log has no bar; computing a million
     agents' distributions takes minutes before any partition plays), each step told to
     ``on_progress(done, total, eta_s, work_done, force=...)`` (run.json, for the UI); the
     ETA and ``work_done`` (the share of the work done) weigh each task by its expected
-    ``work`` (equal without). A failed task raises its error
-    here, and a cancel request stops the run (nothing of the round is on disk yet)."""
-    bar = console.progress(len(futures), label)
+    ``work`` (equal without). Tasks that report the prompts they are done with
+    (``reports()``: task index -> its counts; ``prompts``: each task's) count while they
+    run, and the bar then counts prompts. A failed task raises its error here, and a
+    cancel request stops the run (nothing of the round is on disk yet)."""
+    counted = prompts is not None and reports is not None
+    bar = (console.progress(sum(prompts), label, unit="prompt") if counted and prompts
+           else console.progress(len(futures), label))
     pending = as_completed(futures, timeout=None)
     index = {future.key: i for i, future in enumerate(futures)}
     tally = TaskWork(work if work is not None else [1.0] * len(futures))
-    done = 0
+    finished: set[int] = set()
     started = last_line = time.perf_counter()
     if on_progress is not None:
         on_progress(0, len(futures), None, 0.0, force=True)
     try:
-        while done < len(futures):
+        while len(finished) < len(futures):
             for future in pending.next_batch(block=False) or _wait_one(pending):
                 if future.status != "finished":
                     future.result()  # raises the task's error
-                done += 1
+                finished.add(index[future.key])
                 tally.finish(index[future.key])
-                bar.update(1)
+            done = len(finished)
+            of_prompts = ""
+            if counted and prompts:
+                prompts_done = _plan_prompts_done(tally, prompts, finished, reports())
+                bar.update(prompts_done - bar.n)
+                of_prompts = f", {prompts_done:,}/{sum(prompts):,} prompts"
+            else:
+                bar.update(done - bar.n)
             now = time.perf_counter()
             eta = tally.eta(now - started)
             if on_progress is not None:
@@ -348,12 +360,24 @@ def _await(client: Client, futures: list[Future], label: str, paths: RunPaths,
                             force=done == len(futures))
             if now - last_line >= LINE_EVERY_S and done < len(futures):
                 last_line = now
-                console.line(f"{label}: {done:,}/{len(futures):,} tasks, {format_eta(eta)}")
+                console.line(f"{label}: {done:,}/{len(futures):,} tasks{of_prompts}, "
+                             f"{format_eta(eta)}")
             if paths.cancel_flag.exists() and done < len(futures):
                 client.cancel(futures)
                 raise RunCancelled(str(paths.root))
     finally:
         bar.close()
+
+
+def _plan_prompts_done(tally: TaskWork, prompts: Sequence[int], finished: set[int],
+                       reports: Mapping[int, AgentCounts]) -> int:
+    """The prompts the plan's tasks are done with: all of each finished task's, and what
+    each running one reported (its share told to ``tally``)."""
+    running = {i: min(c.distinct, prompts[i]) for i, c in reports.items()
+               if 0 <= i < len(prompts) and i not in finished}
+    for i, n in running.items():
+        tally.advance(i, n / prompts[i] if prompts[i] else 1.0)
+    return sum(prompts[i] for i in finished) + sum(running.values())
 
 
 def _nothing() -> None:

@@ -8,16 +8,27 @@ import logging
 import threading
 import time
 
+import numpy as np
 import pytest
 from distributed import Client, Event, LocalCluster
 
-from simpipe.agents.progress import AgentCounts, ProgressWatch, report_agents, reporting
+from simpipe.agents.progress import PLAN, AgentCounts, ProgressWatch, report_agents, reporting
 from simpipe.answers.round_plan import plans_rounds
+from simpipe.answers.shared import prompt_hash
+from simpipe.games.registry import game_for
 from simpipe.run.console import Console
-from simpipe.run.round_progress import RoundSnapshot, TaskWork, format_eta, snapshot_line
-from simpipe.run.simulation import RoundObserver, run_simulation
+from simpipe.run.planned_round import ChunkProgress, plan_chunk, plan_walk_chunk
+from simpipe.run.round_progress import (
+    RoundMeter,
+    RoundSnapshot,
+    TaskWork,
+    format_eta,
+    snapshot_line,
+)
+from simpipe.run.simulation import RoundObserver, await_plan_tasks, run_simulation
 from simpipe.servers.stub import StubProcess
 from simpipe.store.layout import RunPaths
+from simpipe.store.ledger import open_run_dir
 from simpipe.store.results import read_ledger
 
 from support import small_config
@@ -348,3 +359,87 @@ def test_the_first_agent_line_comes_a_period_after_the_partitions_start(tmp_path
         assert len(lines) == 1 and "round 1/1: 0/600 agents (0/2 partitions)" in lines[0]
     finally:
         console.detach_log()
+
+
+def test_a_running_tasks_reported_share_counts_and_never_goes_back():
+    work = TaskWork([10.0, 30.0])
+    work.advance(1, 0.01)  # a task's first prompts carry its start: too early to say
+    assert work.fraction == pytest.approx(0.3 / 40.0) and work.eta(1.0) is None
+    work.advance(1, 0.5)  # the big task is half done, nothing has finished
+    assert work.fraction == pytest.approx(15.0 / 40.0)
+    assert work.eta(15.0) == pytest.approx(25.0)  # 15 s for 15 of 40: 25 s for the rest
+    work.advance(1, 0.25)  # a late report of an earlier count
+    assert work.fraction == pytest.approx(15.0 / 40.0)
+    work.advance(0, 7.0)  # a count past the task's prompts is the whole task
+    assert work.fraction == pytest.approx(25.0 / 40.0)
+    work.finish(1)
+    work.advance(1, 0.1)  # finished: whole, whatever a report says after
+    assert work.fraction == pytest.approx(40.0 / 40.0)
+
+
+def test_the_plans_progress_moves_while_its_only_task_runs(client, tmp_path):
+    # A round plan of one task of 10 prompts: before, its progress and ETA said nothing
+    # until the task ended. The task reports 4 prompts done, then waits; the plan's
+    # progress (what run.json and the UI get) shows 0 of 1 tasks and 40 % of the work.
+    topic = "simpipe-progress-plan-test"
+    watch = ProgressWatch(client, topic)
+    config = small_config(tmp_path)
+    paths = RunPaths(config.run_dir)
+    ledger = open_run_dir(paths, config, resume=False, force=False)
+    meter = RoundMeter(watch, QUIET, ledger, 2, 3, [10])
+    seen: list[tuple[int, float]] = []
+
+    def chunk_task(topic: str) -> int:
+        with reporting(topic, 2, 0, stage=PLAN):
+            report_agents(0, distinct=4, calls=9)
+            Event("plan-go-on").wait(timeout=120)
+            report_agents(0, distinct=6, calls=11)
+        return 10
+
+    def sink(done, total, eta, work_done, force=False):
+        seen.append((done, work_done))
+
+    try:
+        future = client.submit(chunk_task, topic, pure=False)
+        waiting = threading.Thread(target=await_plan_tasks, args=(
+            client, [future], "distributions", paths, QUIET, sink, [1.0], [10],
+            meter.plan_reports), daemon=True)
+        waiting.start()
+        _until(lambda: (0, pytest.approx(0.4)) in seen, "40 % of the plan with no task done")
+        assert not future.done()
+        assert watch.reported(2) == {}  # the plan's counts are not a partition's agents
+        Event("plan-go-on", client=client).set()
+        waiting.join(timeout=120)
+        assert seen[-1] == (1, 1.0)
+        assert watch.reported(2, PLAN)[0] == AgentCounts(0, 10, 20)
+    finally:
+        watch.close()
+
+
+@pytest.mark.llm
+@pytest.mark.slow
+def test_the_plans_tasks_report_each_prompt_they_are_done_with(client, tmp_path):
+    # Both stage-2 tasks on the embedded model, run on a worker as the round plan submits
+    # them: each reports every prompt of its chunk, with the model calls it made.
+    topic = "simpipe-progress-chunks-test"
+    watch = ProgressWatch(client, topic)
+    config = small_config(tmp_path, agents={"backend": "llamacpp", "max_tokens": 4})
+    game = game_for(config.game)
+    prompts = [f"Player {k} of the game. Your number between 0 and 100:" for k in range(6)]
+    texts = {prompt_hash(p): p for p in prompts}
+    hashes = np.array(list(texts), np.uint64)
+    walkers = {h: np.array([3 * k, 3 * k + 1]) for k, h in enumerate(texts)}
+    try:
+        trees = client.submit(plan_chunk, config.agents, game, hashes, np.full(6, 40), texts,
+                              progress=ChunkProgress(topic, 1, 0), pure=False).result()
+        walks = client.submit(plan_walk_chunk, config.agents, game, 3, 1, hashes, [texts],
+                              [walkers], progress=ChunkProgress(topic, 1, 1),
+                              pure=False).result()
+        got = _until(lambda: (lambda r: r if len(r) == 2 and r[1].distinct == 6 else None)(
+            watch.reported(1, PLAN)), "both chunks' final counts")
+        assert got[0] == AgentCounts(0, 6, sum(f.calls for f in trees.lookups))
+        assert got[1] == AgentCounts(0, 6, sum(f.calls for f in walks.lookups))
+        assert all(f.distribution is not None for f in trees.lookups + walks.lookups)
+        assert got[0].calls > 6 and got[1].calls > 6  # probes were made and counted
+    finally:
+        watch.close()
