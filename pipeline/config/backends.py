@@ -53,6 +53,10 @@ def _no_model(settings: Any) -> str:
     return ""
 
 
+def _never(settings: Any) -> bool:
+    return False
+
+
 @dataclass(frozen=True)
 class BackendPlugin:
     """One ``agents.backend``.
@@ -94,6 +98,10 @@ class BackendPlugin:
     #: ``(settings, population) -> None``: ValueError naming the key when its settings do
     #: not fit ``[population]``; None: they always do.
     population_check: Callable[[Any, Any], None] | None = None
+    #: ``settings -> bool``: its engine loads simpipe's default model (shipped in a PyPI
+    #: package, assembled once per machine), which a run then prepares before its rounds
+    #: (``simpipe.run.model_prep``).
+    loads_default_model: Callable[[Any], bool] = _never
 
     def __post_init__(self) -> None:
         if (self.engine is None) == (self.policy is None):
@@ -179,7 +187,8 @@ BACKENDS: dict[str, BackendPlugin] = {plugin.name: plugin for plugin in (
     BackendPlugin("llamacpp", LlamaCppSettings, summary="the embedded engine",
                   engine="simpipe.inference.llamacpp.backend:LlamaCppBackend",
                   prompt_style=lambda s: s.prompt_style, identity=_llamacpp_identity,
-                  label=_llamacpp_label),
+                  label=_llamacpp_label,
+                  loads_default_model=lambda s: s.model_path is None),
     BackendPlugin("tgi", TgiSettings, engine="simpipe.inference.http.tgi:TgiBackend",
                   # TGI names no model in its config: the servers it talks to are the model.
                   identity=lambda s: {"endpoints": list(s.endpoints)},

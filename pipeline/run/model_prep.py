@@ -20,12 +20,12 @@ from simpipe.inference.llamacpp.model_files import default_model_ready, engine_m
 
 
 def uses_default_model(config: Config) -> bool:
-    """Whether the run's embedded engine loads the default model: some agents or the
-    persona generator on ``llamacpp`` with no ``model_path`` of their own."""
+    """Whether the run loads the default model: some agents or the persona generator on a
+    back-end that does with their settings (the embedded engine without a ``model_path``)."""
     users = [g.agents for g in llm_groups(config.agents)]
     if config.population.persona.mode == "llm":
         users.append(config.persona_agents)
-    return any(a.backend == "llamacpp" and a.llamacpp.model_path is None for a in users)
+    return any(a.plugin.loads_default_model(a.settings) for a in users)
 
 
 def prepare_default_model(config: Config, say: Callable[[str], None],

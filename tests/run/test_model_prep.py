@@ -3,10 +3,7 @@ says so; a run on a machine where it is ready says nothing of it."""
 
 from __future__ import annotations
 
-import logging
-
 import pytest
-from distributed import Client, LocalCluster
 
 from simpipe.inference.llamacpp.model_files import default_model_ready, engine_model_path
 from simpipe.run.console import Console
@@ -61,19 +58,11 @@ def test_a_home_that_cannot_be_written_is_a_warning_not_a_failed_run(tmp_path, m
     assert str(blocker) in said.warnings[0]
 
 
-@pytest.fixture(scope="module")
-def one_worker():
-    with LocalCluster(n_workers=1, threads_per_worker=2, processes=True,
-                      dashboard_address=None, silence_logs=logging.ERROR) as cluster:
-        with Client(cluster) as client:
-            yield client
-
-
 @pytest.mark.llm
 @pytest.mark.slow
-def test_a_first_run_prepares_the_default_model_before_its_rounds(one_worker, tmp_path,
+def test_a_first_run_prepares_the_default_model_before_its_rounds(dask_client, tmp_path,
                                                                    monkeypatch):
-    # The client's home is fresh (the worker keeps the suite's, where the model is ready):
+    # The client's home is fresh (the workers keep the suite's, where the model is ready):
     # what is asserted is the client's part, the step and its lines.
     monkeypatch.setenv("SIMPIPE_HOME", str(tmp_path / "home"))
     assert not default_model_ready()
@@ -84,7 +73,7 @@ def test_a_first_run_prepares_the_default_model_before_its_rounds(one_worker, tm
                             agents={"backend": "llamacpp", "llamacpp": {"n_parallel": 8}})
 
     first = _Lines()
-    run_simulation(config("first"), client=one_worker, console=first)
+    run_simulation(config("first"), client=dask_client, console=first)
     about = [i for i, text in enumerate(first.lines) if "default model" in text]
     assert len(about) == 1, first.lines
     assert first.lines[about[0]].startswith("preparing the default model for this machine")
@@ -96,5 +85,5 @@ def test_a_first_run_prepares_the_default_model_before_its_rounds(one_worker, tm
     assert (read_rounds(config("first").run_dir)["status"] == "ok").all()
 
     again = _Lines()
-    run_simulation(config("again"), client=one_worker, console=again)
+    run_simulation(config("again"), client=dask_client, console=again)
     assert not [text for text in again.lines if "default model" in text], again.lines
