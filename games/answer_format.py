@@ -408,6 +408,13 @@ class IntegerAnswers:
                      if self.is_complete(text)
                      and not any(self.is_prefix(text + c) for c in extend))
 
+    def longest(self) -> str:
+        """The admitted answer of the most characters, with its leading space (" 100" for
+        0..100, " -100" for -100..5): no tokenizer spells it in more tokens than that, and
+        a token limit below it can cut an answer to a shorter number."""
+        lo, hi = self._bounds
+        return max((f" {hi}", f" {lo}"), key=len)
+
     def is_complete(self, text: str) -> bool:
         """Whether ``text`` is an admitted answer (generation may end after it)."""
         if not set(text) <= self.alphabet or " " in text[1:]:

@@ -364,7 +364,9 @@ class _Answers:
     def cut(self, max_tokens: int) -> np.ndarray:
         """Which answers the back-end stopped at ``max_tokens``: its finish reason says
         "length", or, where it gave none, the answer used the whole budget. Shared answers
-        are whole answers of the answer language, never cut."""
+        are whole answers of the answer language, never cut: the config refuses a
+        ``max_tokens`` below the longest answer's characters
+        (``simpipe.config.population_mix.check_answer_room``), so no walk reaches it."""
         called = ~self.shared
         length = np.fromiter((f == "length" for f in self.finish), bool, len(self.finish))
         unknown = np.fromiter((f is None for f in self.finish), bool, len(self.finish))

@@ -282,6 +282,17 @@ def _mix_fits_population(agents: Any, info: ValidationInfo) -> Any:
     return agents
 
 
+def _answers_fit_max_tokens(agents: Any, info: ValidationInfo) -> Any:
+    """Every LLM group's ``max_tokens`` holds the game's longest basic answer (chain of
+    thought has its own budget, ``cot_max_tokens``, and flags a cut answer)."""
+    from simpipe.config.population_mix import check_answer_room  # see _Agents._mix_shape
+
+    game = info.data.get("game")
+    if game is not None and not game.free_text_answer:
+        check_answer_room(agents, game_for(game).answer().language().longest())
+    return agents
+
+
 def _game_fits_population(game: AnyGameConfig, info: ValidationInfo) -> AnyGameConfig:
     """The game's own rule on the population (public goods: whole groups only)."""
     population = info.data.get("population")
@@ -323,7 +334,8 @@ class Config(_Section):
             "the game and its rules. `kind` chooses ([games](games.md)), and each game has "
             "its own keys: a key of the other game's table is an error naming the game it "
             "belongs to"))
-    agents: Annotated[AgentsConfig, AfterValidator(_mix_fits_population)] = AgentsConfig()
+    agents: Annotated[AgentsConfig, AfterValidator(_mix_fits_population),
+                      AfterValidator(_answers_fit_max_tokens)] = AgentsConfig()
     cluster: ClusterConfig = Field(LocalClusterConfig(), description=(
         "where the Dask workers run. `kind` chooses, and each kind has its own keys: a key of "
         "another kind (`queue` with `kind = \"local\"`) is an error naming the key and the "
@@ -763,7 +775,7 @@ def _error_lines(exc: ValidationError, raw: dict) -> list[str]:
         key = _cut(full_key, _SHOWN_CHARS)
         # Validators may quote the value: the message is cut too.
         msg = _cut(err["msg"].removeprefix("Value error, "), _MESSAGE_CHARS)
-        if full_key == "agents" and msg.startswith("agents.by"):
+        if full_key == "agents" and msg.startswith("agents."):
             lines.append(msg)  # the mix's checks name the whole key (simpipe.config.population_mix)
             continue
         if err["type"] == "extra_forbidden":

@@ -129,6 +129,27 @@ def check_shape(agents: AgentsConfig) -> None:
             raise ValueError(f"{key}: {msg}") from None
 
 
+def check_answer_room(agents: AgentsConfig, longest: str) -> None:
+    """ValueError naming the key when an LLM group's ``max_tokens`` cannot hold the game's
+    longest basic answer (``longest``, e.g. " 100"). A tokenizer may spend a token on each
+    character (Gemma 3 does on digits), and an answer cut there parses as a shorter number
+    (" 4" for " 42"): a sampled call's cut is flagged "truncated", but an answer drawn from
+    a shared distribution ends at the limit like a finished one, so the bias would be
+    silent."""
+    attribute = mix_attribute(agents)
+    for group in llm_groups(agents):
+        if group.agents.max_tokens >= len(longest):
+            continue
+        override = agents.by[attribute][group.value] if attribute is not None else {}
+        key = (f"agents.{BY}.{attribute}.{group.value}.max_tokens"
+               if "max_tokens" in override else "agents.max_tokens")
+        raise ValueError(
+            f"{key} = {group.agents.max_tokens} is below the {len(longest)} characters of "
+            f"this game's longest answer, {longest!r}: a model may spend a token on each, and "
+            "an answer cut at the limit reads as a shorter number; set it to "
+            f"{len(longest)} or more (answers still end at their last digit)")
+
+
 def check_population(agents: AgentsConfig, population: PopulationConfig) -> None:
     """ValueError naming the key when the mix does not fit ``[population]``: the attribute
     exists, is categorical, and every one of its labels has a table and no other does."""

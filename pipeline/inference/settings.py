@@ -236,7 +236,9 @@ class SamplingSettings(_Section):
         "drop tokens below `min_p` x the top token's probability; 0: off (llama.cpp's own "
         "default is 0.05); llama.cpp and vLLM only"))
     max_tokens: StrictInt = Field(8, ge=1, le=MAX_CONTEXT_TOKENS, description=(
-        "new tokens for `prompt = \"basic\"`, at most 131,072"))
+        "new tokens for `prompt = \"basic\"`, at most 131,072; at least the characters of "
+        "the game's longest answer with its leading space (4 for 0..100: a model may spend "
+        "a token on each, and a cut answer would read as a shorter number)"))
     cot_max_tokens: StrictInt = Field(256, ge=1, le=MAX_CONTEXT_TOKENS, description=(
         "new tokens for `prompt = \"cot\"` (reasoning, then the answer), at most 131,072"))
 
