@@ -52,6 +52,7 @@ from simpipe.config.backends import (
     endpoint_backends,
     llm_backends,
 )
+from simpipe.config.keys import split_key
 from simpipe.core.errors import SimpipeError
 from simpipe.games.config import DEFAULT_KIND as GAME_DEFAULT_KIND
 from simpipe.games.config import AnyGameConfig, BeautyContestConfig, GameConfig
@@ -173,7 +174,7 @@ class ExperimentSection(_Section):
             raise ValueError("no keys: give at least one key and its values")
         cells = 1
         for key, values in grid.items():
-            if any(not part.strip() for part in key.split(".")):
+            if any(not part.strip() for part in split_key(key)):
                 raise ValueError(f"{shown(key)}: not a config key (expected e.g. game.prompt)")
             if any(key == f or key.startswith(f + ".") for f in GRID_FORBIDDEN):
                 raise ValueError(f"{shown(key)}: not a grid key: every cell runs on one "
@@ -313,7 +314,9 @@ class Config(_Section):
     integers are strict (``true`` is not 1) and numbers finite.
 
     **Setting a key**, with ``--set`` or as an [experiment grid](#experiment)'s key, follows
-    one rule. Every part of the key before the last must be a section: where the config has
+    one rule. A part whose name holds a dot is quoted as in TOML: ``--set
+    'agents.by.model."gemma-t0.3".temperature=0.5'``. Every part of the key before the last
+    must be a section: where the config has
     a value there (``game = 3`` with ``--set game.rounds=5``), it is an error naming the key,
     not a silent replacement. A table value is merged key by key into the section already
     there, tables within it too: ``--set 'game={ratio="1/2"}'`` changes the ratio and keeps
@@ -625,7 +628,7 @@ def apply_override(raw: dict, item: str) -> None:
     """``game.rounds=5`` into the nested dict; values are TOML (bare words are strings)."""
     key, sep, text = item.partition("=")
     key = key.strip()
-    if not sep or not key or any(not part for part in key.split(".")):
+    if not sep or not key or any(not part for part in split_key(key)):
         raise ConfigError(f"--set {shown(item)}: expected key=value, e.g. --set game.rounds=5")
     _check_dotted_depth(text, f"--set {shown(item)}")
     try:
@@ -664,7 +667,7 @@ def set_key(raw: dict[str, Any], key: str, value: Any, where: str) -> None:
 
     ``value`` is copied: the config never shares a table with the caller (a grid's values
     are set into one config per cell)."""
-    parts = key.split(".")
+    parts = split_key(key)
     node = raw
     for depth, part in enumerate(parts[:-1]):
         child = node.setdefault(part, {})
@@ -715,7 +718,7 @@ def _models_at(key: str) -> list[type[BaseModel]]:
     """The section models the config's dotted ``key`` may hold (several where it is a
     union: ``[cluster]``'s kinds, an attribute's shapes); none where it is not a section."""
     annotations: list[Any] = [Config]
-    for part in key.split("."):
+    for part in split_key(key):
         inside: list[Any] = []
         for annotation in annotations:
             for member in _members(annotation):

@@ -25,6 +25,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from simpipe.config.keys import joined_key
 from simpipe.personas.config import PopulationConfig, attribute_labels
 
 #: ``simpipe.config.model.AgentsConfig`` (not imported: the config imports this module)
@@ -112,7 +113,7 @@ def check_shape(agents: AgentsConfig) -> None:
                          'backend = "scripted"')
     base = agents.model_dump(mode="json", exclude={BY})
     for value, override in tables.items():
-        where = f"agents.{BY}.{attribute}.{value}"
+        where = joined_key("agents", BY, attribute, value)
         if BY in override:
             raise ValueError(f"{where}.{BY}: a mix inside a mix; one attribute chooses")
         try:
@@ -141,7 +142,7 @@ def check_answer_room(agents: AgentsConfig, longest: str) -> None:
         if group.agents.max_tokens >= len(longest):
             continue
         override = agents.by[attribute][group.value] if attribute is not None else {}
-        key = (f"agents.{BY}.{attribute}.{group.value}.max_tokens"
+        key = (joined_key("agents", BY, attribute, group.value, "max_tokens")
                if "max_tokens" in override else "agents.max_tokens")
         raise ValueError(
             f"{key} = {group.agents.max_tokens} is below the {len(longest)} characters of "

@@ -61,7 +61,7 @@ def test_a_mixed_population_names_the_table_that_sets_the_limit(tmp_path):
     assert "temperature = 0.3\n" in text and "max_tokens = 6\n" in text
     override = tmp_path / "override.toml"
     override.write_text(text.replace("temperature = 0.3\n", "temperature = 0.3\nmax_tokens = 2\n"))
-    key = r"agents\.by\.model\.gemma-t0\.3\.max_tokens"
+    key = r'agents\.by\.model\."gemma-t0\.3"\.max_tokens'
     with pytest.raises(ConfigError, match=rf"toml: {key} = 2 is below the 4 characters"):
         load_config(override)
     # A group that inherits the limit points at [agents]; the scripted group never counts.

@@ -13,7 +13,15 @@ from typing import Any
 
 import pytest
 
-from simpipe.config.model import ConfigError, apply_override, config_from_dict, set_key
+from simpipe.config.keys import joined_key, split_key
+from simpipe.config.model import (
+    ConfigError,
+    apply_override,
+    config_from_dict,
+    load_config,
+    set_key,
+)
+from simpipe.config.population_mix import resolve
 from simpipe.run.experiment import experiment_from_dict
 
 BASE: dict[str, Any] = {
@@ -42,6 +50,9 @@ CASES = [
     ("population.attributes.education", "{min=1,max=5}", {"min": 1, "max": 5}),
     ("game", '{kind="beauty_contest", rounds=2}', {"kind": "beauty_contest", "rounds": 2}),
     ("game", '{kind="public_goods", rounds=2}', {"kind": "public_goods", "rounds": 2}),
+    # a name with a dot is quoted as in TOML; one with a space still works unquoted
+    ('population.attributes.education.values."Ph.D."', "3", 3),
+    ("population.attributes.education.values.High School", "2", 2),
 ]
 
 
@@ -181,3 +192,25 @@ def test_the_cli_refuses_a_value_where_a_section_is_expected_in_one_line(
     assert "--set 'game.rounds=2': 'game' is a value (3), not a section" in line
     assert "make game a table" in line
     assert proc.stdout == ""
+
+
+def test_a_quoted_part_is_one_key_and_error_messages_quote_it_back() -> None:
+    assert split_key('agents.by.model."gemma-t0.3".temperature') == [
+        "agents", "by", "model", "gemma-t0.3", "temperature"]
+    assert split_key("population.attributes.education.values.High School") == [
+        "population", "attributes", "education", "values", "High School"]
+    assert joined_key("agents", "by", "model", "gemma-t0.3") == 'agents.by.model."gemma-t0.3"'
+    assert _by_set('population.attributes.education.values."Ph.D."', "3")["population"][
+        "attributes"]["education"]["values"] == {"High School": 1, "Ph.D.": 3}
+    # A mixed population's value named with a dot (examples/mixed-population.toml): --set
+    # reaches its table, and the key an error prints is one --set takes as printed.
+    example = Path(__file__).resolve().parents[2] / "examples" / "mixed-population.toml"
+    key = 'agents.by.model."gemma-t0.3".temperature'
+    config = load_config(example, [f"{key}=0.5"])
+    assert resolve(config.agents, "gemma-t0.3").temperature == 0.5
+    assert resolve(config.agents, "gemma-t1.0").temperature == 1.0
+    with pytest.raises(ConfigError) as err:
+        load_config(example, ['agents.by.model."gemma-t0.3".max_tokens=2'])
+    printed = str(err.value).split(": ", 1)[1].split(" = ")[0]
+    assert printed == 'agents.by.model."gemma-t0.3".max_tokens'
+    assert resolve(load_config(example, [f"{printed}=5"]).agents, "gemma-t0.3").max_tokens == 5
