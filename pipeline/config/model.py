@@ -313,20 +313,19 @@ class Config(_Section):
     status 2 and one line per problem naming the key, the value and what is allowed;
     integers are strict (``true`` is not 1) and numbers finite.
 
-    **Setting a key**, with ``--set`` or as an [experiment grid](#experiment)'s key, follows
-    one rule. A part whose name holds a dot is quoted as in TOML: ``--set
-    'agents.by.model."gemma-t0.3".temperature=0.5'``. Every part of the key before the last
-    must be a section: where the config has
-    a value there (``game = 3`` with ``--set game.rounds=5``), it is an error naming the key,
-    not a silent replacement. A table value is merged key by key into the section already
-    there, tables within it too: ``--set 'game={ratio="1/2"}'`` changes the ratio and keeps
-    the file's rounds. A table replaces instead where its keys are the user's own names
-    (``population.attributes``, an attribute's ``values``, ``agents.by``: a dotted key adds
-    one, ``--set population.attributes.education.values.PhD=1``), and in ``[cluster]`` and
-    ``[game]``, whose keys depend on their ``kind``, where it names another kind (the old
-    kind's keys would not belong to the new one); so too where it gives a section another
-    shape (an attribute's ``values`` for ``min`` and ``max``). Any other value replaces what
-    was there.
+    **Setting a key**, with ``--set`` or as an [experiment grid](#experiment)'s key, follows one
+    rule. A part whose name holds a dot is quoted as in TOML: ``--set
+    'agents.by.model."gemma-t0.3".temperature=0.5'``. Every part of the key before the last must
+    be a section: where the config has a value there (``game = 3`` with ``--set
+    game.rounds=5``), it is an error naming the key, not a silent replacement. A table value is
+    merged key by key into the section already there, tables within it too: ``--set
+    'game={ratio="1/2"}'`` changes the ratio and keeps the file's rounds. A table replaces
+    instead where its keys are the user's own names (``population.attributes``, an attribute's
+    ``values``, ``agents.by``: a dotted key adds one, ``--set
+    population.attributes.education.values.PhD=1``), and in ``[cluster]`` and ``[game]``, whose
+    keys depend on their ``kind``, where it names another kind (the old kind's keys would not
+    belong to the new one); so too where it gives a section another shape (an attribute's
+    ``values`` for ``min`` and ``max``). Any other value replaces what was there.
     """
 
     run: RunSection = RunSection()
