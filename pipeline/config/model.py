@@ -52,7 +52,7 @@ from simpipe.config.backends import (
     endpoint_backends,
     llm_backends,
 )
-from simpipe.config.keys import split_key
+from simpipe.config.keys import joined_key, split_key
 from simpipe.core.errors import SimpipeError
 from simpipe.games.config import DEFAULT_KIND as GAME_DEFAULT_KIND
 from simpipe.games.config import AnyGameConfig, BeautyContestConfig, GameConfig
@@ -192,11 +192,13 @@ class ExperimentSection(_Section):
             cells *= len(values)
         if cells > MAX_CELLS:
             raise ValueError(f"{cells:,} cells; at most {MAX_CELLS:,} (each cell is a run)")
+        parts = {key: split_key(key) for key in grid}
         for key, values in grid.items():
-            for inner in (k for k in grid if k.startswith(key + ".")):
+            n = len(parts[key])
+            for inner in (k for k in grid if len(parts[k]) > n and parts[k][:n] == parts[key]):
                 # "game" = [{ ratio = ... }] beside "game.prompt": fine unless a table of
                 # "game" sets prompt too, or a value of "game" replaces the whole table.
-                first = inner[len(key) + 1:].split(".")[0]
+                first = parts[inner][n]
                 if any(not isinstance(v, dict) or first in v for v in values):
                     raise ValueError(f"{shown(key)} and {shown(inner)} overlap (both set "
                                      f"{shown(inner)}): give it in one place")
@@ -671,8 +673,8 @@ def set_key(raw: dict[str, Any], key: str, value: Any, where: str) -> None:
     for depth, part in enumerate(parts[:-1]):
         child = node.setdefault(part, {})
         if not isinstance(child, dict):
-            section = ".".join(parts[:depth + 1])
-            rest = ".".join(parts[depth + 1:])
+            section = joined_key(*parts[:depth + 1])
+            rest = joined_key(*parts[depth + 1:])
             raise ConfigError(
                 f"{where}: {shown(section)} is a value ({shown(child)}), not a section, so "
                 f"{shown(key)} cannot be set in it; make {section} a table in the config "

@@ -36,6 +36,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from simpipe.config.keys import split_key
 from simpipe.config.model import (
     DIR_NAME,
     Config,
@@ -326,7 +327,7 @@ def _shown(values: dict[str, Any]) -> str:
 
 
 def _key_labels(keys: list[str]) -> dict[str, str]:
-    last = [k.split(".")[-1] for k in keys]
+    last = [split_key(k)[-1] for k in keys]
     return {k: _clean(k if last.count(short) > 1 else short)
             for k, short in zip(keys, last, strict=True)}
 

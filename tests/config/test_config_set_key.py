@@ -214,3 +214,16 @@ def test_a_quoted_part_is_one_key_and_error_messages_quote_it_back() -> None:
     printed = str(err.value).split(": ", 1)[1].split(" = ")[0]
     assert printed == 'agents.by.model."gemma-t0.3".max_tokens'
     assert resolve(load_config(example, [f"{printed}=5"]).agents, "gemma-t0.3").max_tokens == 5
+
+
+def test_a_grid_over_a_quoted_key_names_its_cells_by_the_name_and_sees_overlaps() -> None:
+    key = 'population.attributes.education.values."Ph.D."'
+    raw = {**copy.deepcopy(BASE), "experiment": {"name": "e", "grid": {key: [2, 3]}}}
+    cells = experiment_from_dict(raw, source="e.toml").cells
+    assert [c.name for c in cells] == ["Ph.D.-2", "Ph.D.-3"]
+    assert [c.config.population.attributes["education"].values["Ph.D."] for c in cells] == [2, 3]
+    # The table of values beside one of its own names set twice is one key given twice.
+    raw["experiment"]["grid"] = {"population.attributes.education.values": [{"Ph.D.": 1}],
+                                 key: [2]}
+    with pytest.raises(ConfigError, match="overlap"):
+        experiment_from_dict(raw, source="e.toml")
